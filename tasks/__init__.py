@@ -1,0 +1,1 @@
+"""Pipeline stages: pure functions, one module per stage (no Prefect imports here; see tasks/prefect.py)."""

@@ -1,0 +1,82 @@
+"""discover: walk the source root, stat and hash every file that the include/exclude globs select."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from corpusync.errors import ConfigError
+from schemas.records import QuarantineRecord, SourceFile
+
+_HASH_BLOCK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _matches(rel: str, patterns: Iterable[str]) -> bool:
+    # fnmatch's '*' crosses '/', so '**/x' also needs the root-level form 'x'.
+    for pat in patterns:
+        if fnmatch.fnmatchcase(rel, pat):
+            return True
+        if pat.startswith("**/") and fnmatch.fnmatchcase(rel, pat[3:]):
+            return True
+    return False
+
+
+def discover(
+    root: Path,
+    include: Iterable[str] = ("**/*",),
+    exclude: Iterable[str] = (),
+    on_file: Callable[[int], None] | None = None,
+) -> tuple[list[SourceFile], list[QuarantineRecord]]:
+    """Every selected regular file under root, sorted by path, with size, mtime and sha256.
+
+    Unreadable files are returned as quarantine records instead of failing the walk. Directory
+    symlinks are not followed (no loops); file symlinks are read.
+    """
+    root = root.expanduser()
+    if not root.exists():
+        raise ConfigError(f"source folder {root} does not exist")
+    if not root.is_dir():
+        raise ConfigError(f"source {root} is not a folder")
+    include, exclude = list(include), list(exclude)
+    files: list[SourceFile] = []
+    problems: list[QuarantineRecord] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            abs_path = Path(dirpath) / name
+            rel = abs_path.relative_to(root).as_posix()
+            if not _matches(rel, include) or _matches(rel, exclude):
+                continue
+            try:
+                st = abs_path.stat()
+                if not abs_path.is_file():
+                    continue
+                digest = sha256_file(abs_path)
+            except OSError as exc:
+                problems.append(QuarantineRecord(rel, "discover", "unreadable", f"{type(exc).__name__}: {exc}"))
+                continue
+            files.append(
+                SourceFile(
+                    path=rel,
+                    abs_path=abs_path,
+                    size=st.st_size,
+                    mtime=datetime.fromtimestamp(st.st_mtime, tz=UTC),
+                    sha256=digest,
+                )
+            )
+            if on_file:
+                on_file(1)
+    files.sort(key=lambda f: f.path)
+    return files, problems
