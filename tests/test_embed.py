@@ -1,0 +1,94 @@
+"""Embedding with the real packaged MiniLM through FlagEmbedding; OOM back-off by fault injection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from corpusync.embedders import EmbeddingOutput, prune_sparse
+from corpusync.errors import ModelMismatch
+from tasks.embed import EmbedStats, embed_documents, encode_texts
+from tasks.load import check_model
+
+TEXTS = ["The seller ships within 14 days.", "Payment is due thirty days after the invoice.",
+         "第十二条 付款方式", "Normans came from Normandy in France.", "short", "x " * 100]
+
+
+def test_embeddings_are_deterministic_normalised_and_identified(embedder) -> None:  # type: ignore[no-untyped-def]
+    a = encode_texts(embedder, TEXTS, token_budget=256)
+    b = encode_texts(embedder, list(reversed(TEXTS)), token_budget=64)
+    assert a.dense.shape == (len(TEXTS), 384)
+    np.testing.assert_allclose(np.linalg.norm(a.dense, axis=1), 1.0, atol=1e-4)
+    np.testing.assert_allclose(a.dense, b.dense[::-1], atol=1e-4)  # batching/order does not change vectors
+    assert a.sparse is None  # MiniLM has no trained sparse head: sparse is disabled, never faked
+    ident = embedder.identity
+    assert ident.dimension == 384 and ident.pooling == "mean" and not ident.sparse_trained
+    assert len(ident.weights_sha256) == 64
+
+
+class _OOMOnce:
+    """Fault injection: the first batch raises CUDA-style out-of-memory, later ones go to the real model."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner = inner
+        self.identity = inner.identity
+        self.sizes: list[int] = []
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self.inner.count_tokens(texts)
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return self.inner.token_offsets(text)
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+        self.sizes.append(len(texts))
+        if len(self.sizes) == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.inner.embed(texts)
+
+
+def test_oom_halves_batch_and_loses_nothing(embedder) -> None:  # type: ignore[no-untyped-def]
+    flaky = _OOMOnce(embedder)
+    stats = EmbedStats()
+    out = encode_texts(flaky, TEXTS, token_budget=10_000, stats=stats)
+    ref = encode_texts(embedder, TEXTS, token_budget=10_000)
+    assert stats.oom_retries == 1
+    assert flaky.sizes[0] == len(TEXTS) and flaky.sizes[1] == len(TEXTS) // 2
+    np.testing.assert_allclose(out.dense, ref.dense, atol=1e-4)  # all chunks, in input order
+
+
+def test_non_oom_errors_are_not_swallowed(embedder) -> None:  # type: ignore[no-untyped-def]
+    class Broken(_OOMOnce):
+        def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+            raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        encode_texts(Broken(embedder), TEXTS, token_budget=1000)
+
+
+def test_reuse_copies_vectors_instead_of_recomputing(embedder) -> None:  # type: ignore[no-untyped-def]
+    from schemas.records import Block
+    from tasks.chunk import ChunkConfig, chunk_document
+    from tests.test_stages_unit import _doc
+
+    doc = chunk_document(_doc([Block("text", t) for t in TEXTS[:4]]), embedder, ChunkConfig(32, 0.0))
+    first, s1 = embed_documents([doc], embedder, {}, 4096)
+    stored = {c.text_sha256: (first[0].dense[i], None) for i, c in enumerate(doc.chunks)}
+    calls = embedder.calls
+    second, s2 = embed_documents([doc], embedder, stored, 4096)
+    assert embedder.calls == calls, "no model call when every chunk text is already embedded"
+    assert s2.embedded == 0 and s2.reused == len(doc.chunks)
+    np.testing.assert_array_equal(second[0].dense, first[0].dense)
+
+
+def test_model_mismatch_is_refused_unless_reembed() -> None:
+    with pytest.raises(ModelMismatch, match="--reembed"):
+        check_model(1, 2, "old-model (384-d)", "new-model (1024-d)", reembed=False)
+    check_model(1, 2, "old", "new", reembed=True)
+    check_model(None, 2, "", "new", reembed=False)
+
+
+def test_prune_sparse_keeps_top_weights() -> None:
+    assert prune_sparse({"5": 0.1, "9": 0.9, "2": 0.5, "7": -1.0}, 2) == {2: 0.5, 9: 0.9}

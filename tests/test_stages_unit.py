@@ -1,0 +1,194 @@
+"""Pure stage functions: discover, diff, parse errors, chunking, batching, lexical tokens."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from corpusync.errors import MassDeleteRefused, ParseError
+from corpusync.lexical import index_text, query_terms
+from schemas.records import Block, DiffPlan, LiveVersion, ParsedDocument, SourceFile
+from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
+from tasks.diff import diff
+from tasks.discover import discover
+from tasks.embed import token_budget_batches
+from tasks.parse import clean_text, parse_document
+from tasks.publish import check_mass_delete
+
+
+def _src(path: str, content: bytes | str = b"x", tmp: Path | None = None) -> SourceFile:
+    data = content.encode() if isinstance(content, str) else content
+    abs_path = Path("/nonexistent") / path
+    if tmp is not None:
+        abs_path = tmp / path
+        abs_path.parent.mkdir(parents=True, exist_ok=True)
+        abs_path.write_bytes(data)
+    return SourceFile(path, abs_path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
+
+
+def _live(path: str, sha: str, fp: str = "fp", doc_id: int = 1) -> LiveVersion:
+    return LiveVersion(doc_id, doc_id * 10, path, sha, fp, 3)
+
+
+def test_discover_applies_globs_and_hashes(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.md").write_text("hello")
+    (tmp_path / ".hidden.md").write_text("no")
+    (tmp_path / "SOURCE.md").write_text("provenance")
+    (tmp_path / "b.txt").write_text("b")
+    files, problems = discover(tmp_path, ["**/*"], ["**/.*", "**/SOURCE.md"])
+    assert [f.path for f in files] == ["a/x.md", "b.txt"]
+    assert files[0].sha256 == hashlib.sha256(b"hello").hexdigest()
+    assert problems == []
+
+
+def test_diff_classifies_every_case() -> None:
+    a, b, c, d = _src("a.md", "A"), _src("b.md", "B2"), _src("c.md", "C"), _src("moved/d.md", "D")
+    live = [_live("a.md", a.sha256, doc_id=1), _live("b.md", _src("b.md", "B1").sha256, doc_id=2),
+            _live("gone.md", "zzz", doc_id=3), _live("d.md", d.sha256, doc_id=4)]
+    plan = diff([a, b, c, d], live, "fp")
+    assert [v.path for v in plan.unchanged] == ["a.md"]
+    assert [f.path for f, _ in plan.changed] == ["b.md"]
+    assert sorted(f.path for f in plan.new) == ["c.md", "moved/d.md"]
+    assert sorted(v.path for v in plan.deleted) == ["d.md", "gone.md"]
+    assert [(old.path, new.path) for old, new in plan.renamed] == [("d.md", "moved/d.md")]
+
+
+def test_diff_reprocesses_when_pipeline_changes_and_skips_known_bad_files() -> None:
+    a, bad = _src("a.md", "A"), _src("bad.pdf", "%PDF-broken")
+    plan = diff([a, bad], [_live("a.md", a.sha256, fp="old")], "new", {"bad.pdf": (bad.sha256, "new")})
+    assert [f.path for f, _ in plan.changed] == ["a.md"]
+    assert [q.path for q in plan.still_quarantined] == ["bad.pdf"]
+    assert not plan.new
+
+
+def test_mass_delete_guard() -> None:
+    plan = DiffPlan(deleted=[_live(f"{i}.md", "x") for i in range(6)], live_before=10)
+    with pytest.raises(MassDeleteRefused, match="6 of 10"):
+        check_mass_delete(plan, 0.5, allow=False)
+    check_mass_delete(plan, 0.5, allow=True)
+    check_mass_delete(plan, 0.7, allow=False)
+
+
+def test_clean_text_normalises() -> None:
+    assert clean_text("ＡＢＣ１２３\u3000全角") == "ABC123 全角"
+    assert clean_text("inter-\nnational") == "international"
+    assert clean_text("中华人民\n共和国") == "中华人民共和国"
+    assert clean_text("a\x00b  \t c\n\n\n\nd") == "ab c\n\nd"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("empty.md", b"", "empty"),
+        ("fake.pdf", b"this is not a pdf at all", "wrong-format"),
+        ("trunc.pdf", b"%PDF-1.7\n1 0 obj <<", "corrupt"),
+        ("bin.txt", b"\x00\x01\x02binary\x00garbage", "binary"),
+        ("x.xyz", b"data", "unsupported-format"),
+    ],
+)
+def test_parse_errors_name_file_and_reason(tmp_path: Path, name: str, content: bytes, reason: str) -> None:
+    with pytest.raises(ParseError) as info:
+        parse_document(_src(name, content, tmp_path), max_bytes=1 << 20)
+    assert info.value.reason == reason
+    assert name in str(info.value)
+
+
+def test_parse_encrypted_and_oversized_pdf(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "secret text")
+    path = tmp_path / "locked.pdf"
+    doc.save(path, encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="pw", owner_pw="owner")
+    data = path.read_bytes()
+    src = SourceFile("locked.pdf", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
+    with pytest.raises(ParseError) as info:
+        parse_document(src, max_bytes=1 << 20)
+    assert info.value.reason == "encrypted"
+    with pytest.raises(ParseError) as info:
+        parse_document(src, max_bytes=10)
+    assert info.value.reason == "oversized"
+
+
+def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    for i in range(3):
+        doc.new_page().insert_text((72, 72), f"Page {i + 1} says hello.")
+    path = tmp_path / "three.pdf"
+    doc.save(path)
+    data = path.read_bytes()
+    parsed = parse_document(
+        SourceFile("three.pdf", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest()), 1 << 20
+    )
+    assert parsed.page_count == 3
+    assert [b.page for b in parsed.blocks] == [1, 2, 3]
+    assert parsed.parser == "pymupdf"
+
+
+def test_parse_gb18030_text(tmp_path: Path) -> None:
+    text = "第十二条 付款方式 买方应在收到发票后三十日内付款。" * 3
+    parsed = parse_document(_src("gbk.txt", text.encode("gb18030"), tmp_path), 1 << 20)
+    assert "付款方式" in parsed.blocks[0].text
+
+
+def test_sentence_spans_zh_en() -> None:
+    text = "第一条 本办法适用于全体员工。第二条 员工应遵守纪律！Dr. Smith signs it. Then e.g. more follows. End"
+    spans = [text[s:e] for s, e in sentence_spans(text, 0, len(text))]
+    assert spans == ["第一条 本办法适用于全体员工。", "第二条 员工应遵守纪律！", "Dr. Smith signs it.",
+                     "Then e.g. more follows.", "End"]
+
+
+def _doc(blocks: list[Block]) -> ParsedDocument:
+    return ParsedDocument(_src("d.md", "x"), blocks, parser="test", parser_version="0", media_type="text/markdown")
+
+
+def test_chunks_respect_budget_spans_and_are_deterministic(embedder) -> None:  # type: ignore[no-untyped-def]
+    body_en = " ".join(f"Sentence number {i} talks about retrieval indexes and their upkeep." for i in range(60))
+    body_zh = "".join(f"第{i}条 本合同的付款方式为银行转账，买方应在三十日内付款。" for i in range(40))
+    doc = _doc([Block("title", "Terms", level=1), Block("text", body_en), Block("title", "条款", level=2),
+                Block("text", body_zh)])
+    config = ChunkConfig(max_tokens=64, overlap=0.12)
+    chunked = chunk_document(doc, embedder, config)
+    text, _ = doc.layout()
+    assert len(chunked.chunks) > 5
+    counts = embedder.count_tokens([c.text for c in chunked.chunks])
+    for c, n in zip(chunked.chunks, counts, strict=True):
+        assert c.text == text[c.char_start:c.char_end]
+        assert n <= 64 and c.token_count == n
+        assert c.text.strip()
+    # every non-space character is covered by some chunk
+    covered = set()
+    for c in chunked.chunks:
+        covered.update(range(c.char_start, c.char_end))
+    assert all(i in covered for i, ch in enumerate(text) if not ch.isspace())
+    # no chunk crosses a section boundary; the Chinese section carries its breadcrumb
+    assert any(c.section_path == ("Terms", "条款") for c in chunked.chunks)
+    assert all(not ("retrieval" in c.text and "付款" in c.text) for c in chunked.chunks)
+    again = chunk_document(doc, embedder, config)
+    assert [c.key for c in again.chunks] == [c.key for c in chunked.chunks]
+
+
+def test_overlong_sentence_is_split_under_budget(embedder) -> None:  # type: ignore[no-untyped-def]
+    doc = _doc([Block("text", "word " * 500)])
+    chunked = chunk_document(doc, embedder, ChunkConfig(max_tokens=50, overlap=0.0))
+    assert len(chunked.chunks) >= 10
+    assert max(embedder.count_tokens([c.text for c in chunked.chunks])) <= 50
+
+
+def test_token_budget_batches() -> None:
+    lengths = [5, 100, 7, 50, 50, 3, 120, 1]
+    batches = token_budget_batches(lengths, budget=200)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 200
+    assert batches[0][0] == 6  # longest first
+
+
+def test_lexical_tokens_keep_identifiers_and_segment_chinese() -> None:
+    toks = index_text("合同编号 HT2023-0876 的付款方式").split()
+    assert "ht2023-0876" in toks and "ht2023" in toks and "0876" in toks
+    assert "付款" in toks and "合同" in toks
+    assert "的" not in query_terms("合同的付款方式")
