@@ -74,7 +74,7 @@ def test_reuse_copies_vectors_instead_of_recomputing(embedder) -> None:  # type:
     from tests.test_stages_unit import _doc
 
     doc = chunk_document(_doc([Block("text", t) for t in TEXTS[:4]]), embedder, ChunkConfig(32, 0.0))
-    first, s1 = embed_documents([doc], embedder, {}, 4096)
+    first, _ = embed_documents([doc], embedder, {}, 4096)
     stored = {c.text_sha256: (first[0].dense[i], None) for i, c in enumerate(doc.chunks)}
     calls = embedder.calls
     second, s2 = embed_documents([doc], embedder, stored, 4096)

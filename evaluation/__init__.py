@@ -1,0 +1,1 @@
+"""Gold sets, retrieval metrics and the evaluation gate (see issue: evaluation gates)."""
