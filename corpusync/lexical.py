@@ -8,6 +8,7 @@ import logging
 import re
 import unicodedata
 from functools import cache
+from typing import Any
 
 _CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 # Identifiers like HT2023-0876 or ISO-9001:2015 stay one token (and their parts are added too).
@@ -25,7 +26,7 @@ STOPWORDS = frozenset(
 
 
 @cache
-def _jieba():  # type: ignore[no-untyped-def]
+def _jieba() -> Any:
     import jieba
 
     jieba.setLogLevel(logging.WARNING)

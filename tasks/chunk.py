@@ -130,8 +130,8 @@ def chunk_document(doc: ParsedDocument, tok: Tokenizer, config: ChunkConfig) -> 
     # 2. sentences with token counts (one tokenizer call for the whole document).
     sents: list[tuple[int, int, int, tuple[str, ...], str]] = []  # start, end, section, path, type
     for section_id, spans, sec_path, ctype in units:
-        for sp in spans:
-            sents.append((sp[0], sp[1], section_id, sec_path, ctype))
+        for span in spans:
+            sents.append((span[0], span[1], section_id, sec_path, ctype))
     counts = tok.count_tokens([text[s:e] for s, e, *_ in sents])
     pieces: list[tuple[int, int, int, tuple[str, ...], str, int]] = []
     for (s, e, sec, sp, ct), n in zip(sents, counts, strict=True):

