@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from corpusync.embedders import Embedder, EmbeddingOutput
-from schemas.records import ChunkedDocument, EmbeddedDocument
+
+if TYPE_CHECKING:
+    from schemas.records import ChunkedDocument, EmbeddedDocument
 
 log = logging.getLogger("corpusync.embed")
 
@@ -152,6 +155,8 @@ def embed_documents(
     fresh: dict[str, Vectors] = {
         h: (out.dense[i], out.sparse[i] if out.sparse is not None else None) for i, h in enumerate(hashes)
     }
+    from schemas.records import EmbeddedDocument
+
     result: list[EmbeddedDocument] = []
     dim = embedder.identity.dimension
     for d in docs:
