@@ -230,7 +230,7 @@ class FlagEmbedder:
                 out = m.model(enc, return_dense=True, return_sparse=True, return_colbert_vecs=False)
                 dense_t = out["dense_vecs"]
                 sparse = sparse_top_k(out["sparse_vecs"].squeeze(-1), enc["input_ids"], self._special_ids,
-                                      self.sparse_top_k)
+                                      self.sparse_top_k, self.identity.sparse_dim)
             else:
                 hidden = m.model(**enc, return_dict=True).last_hidden_state
                 dense_t = m.pooling(hidden, enc["attention_mask"])
@@ -239,31 +239,30 @@ class FlagEmbedder:
         return EmbeddingOutput(dense_t.cpu().numpy().astype(np.float32, copy=False), sparse)
 
 
-def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k: int) -> list[dict[int, float]]:
+def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k: int,
+                 vocab_size: int | None = None) -> list[dict[int, float]]:
     """Vectorised BGE-M3 lexical weights: per text, the max weight of each token id (special tokens and
-    padding out), then its top_k ids. Replaces FlagEmbedding's per-token Python loop."""
+    padding out), then its top_k ids. One scatter-amax into a (rows x vocab) buffer and one topk, instead of
+    FlagEmbedding's per-token Python loop; rows are processed in slices that keep the buffer near 64 MiB."""
     import torch
 
-    w = weights.float().clone()
+    w = torch.clamp(weights.float(), min=0.0)
     ids = input_ids.long()
     if special_ids:
-        w[torch.isin(ids, torch.tensor(list(special_ids), device=ids.device))] = 0.0
-    w = torch.clamp(w, min=0.0)
-    # Rank distinct ids per row: sort ids, max-reduce equal neighbours, keep the top_k weights.
-    sorted_ids, order = torch.sort(ids, dim=1)
-    sorted_w = torch.gather(w, 1, order)
+        w = w.masked_fill(torch.isin(ids, torch.tensor(list(special_ids), device=ids.device)), 0.0)
+    vocab = vocab_size or int(ids.max().item()) + 1
+    k = min(top_k, vocab)
+    step = max(1, (1 << 24) // vocab)
     rows: list[dict[int, float]] = []
-    for r in range(ids.shape[0]):
-        uniq, inverse = torch.unique_consecutive(sorted_ids[r], return_inverse=True)
-        best = torch.zeros(uniq.shape[0], dtype=sorted_w.dtype, device=sorted_w.device)
-        best.scatter_reduce_(0, inverse, sorted_w[r], reduce="amax")
-        keep = best > 0
-        uniq, best = uniq[keep], best[keep]
-        if best.numel() > top_k:
-            best, idx = torch.topk(best, top_k)
-            uniq = uniq[idx]
-        order_ids = torch.argsort(uniq)
-        rows.append(dict(zip(uniq[order_ids].tolist(), best[order_ids].tolist(), strict=True)))
+    for start in range(0, ids.shape[0], step):
+        sl = slice(start, start + step)
+        buf = torch.zeros((ids[sl].shape[0], vocab), dtype=w.dtype, device=w.device)
+        buf.scatter_reduce_(1, ids[sl], w[sl], reduce="amax", include_self=True)
+        vals, idx = torch.topk(buf, k, dim=1)
+        vals, idx = vals.cpu(), idx.cpu()
+        for v, i in zip(vals, idx, strict=True):
+            keep = v > 0
+            rows.append(dict(sorted(zip(i[keep].tolist(), v[keep].tolist(), strict=True))))
     return rows
 
 

@@ -92,3 +92,23 @@ def test_model_mismatch_is_refused_unless_reembed() -> None:
 
 def test_prune_sparse_keeps_top_weights() -> None:
     assert prune_sparse({"5": 0.1, "9": 0.9, "2": 0.5, "7": -1.0}, 2) == {2: 0.5, 9: 0.9}
+
+
+def test_sparse_top_k_matches_reference_loop() -> None:
+    import torch
+
+    from corpusync.embedders import sparse_top_k
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (5, 30), generator=g)
+    ids[:, 0] = 0  # a special token
+    w = torch.rand((5, 30), generator=g) - 0.2
+    got = sparse_top_k(w, ids, [0], top_k=8, vocab_size=60)
+    for r in range(5):
+        ref: dict[int, float] = {}
+        for t, x in zip(ids[r].tolist(), w[r].tolist(), strict=True):
+            if t != 0 and x > 0:
+                ref[t] = max(ref.get(t, 0.0), x)
+        top = dict(sorted(sorted(ref.items(), key=lambda kv: -kv[1])[:8]))
+        assert got[r].keys() == top.keys()
+        assert all(abs(got[r][key] - top[key]) < 1e-6 for key in top)
