@@ -20,7 +20,7 @@ import psycopg
 
 from corpusync import __version__, db
 from corpusync.embedders import FlagEmbedder, build_embedder
-from corpusync.errors import CorpusyncError, MassDeleteRefused, ModelMismatch, WriterBusy
+from corpusync.errors import MassDeleteRefused, ModelMismatch, WriterBusy
 from schemas.records import RunSummary
 from schemas.settings import Settings, config_hash
 
@@ -145,7 +145,7 @@ def writer_session(
         except MassDeleteRefused as exc:
             _finish(ctx, "refused", str(exc))
             raise
-        except (CorpusyncError, Exception) as exc:
+        except Exception as exc:
             status = "refused" if isinstance(exc, ModelMismatch) else "failed"
             _finish(ctx, status, f"{type(exc).__name__}: {exc}")
             raise

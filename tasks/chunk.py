@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corpusync.embedders import Tokenizer
@@ -176,13 +175,10 @@ def chunk_document(doc: ParsedDocument, tok: Tokenizer, config: ChunkConfig) -> 
     chunks: list[Chunk] = []
     page_starts = [s for s, _ in block_spans]
     pages = [b.page for b in doc.blocks]
-    final_groups: list[list[int]] = []
-    for group in groups:
-        final_groups.append(group)
-    texts = [text[pieces[g[0]][0]:pieces[g[-1]][1]] for g in final_groups]
+    texts = [text[pieces[g[0]][0]:pieces[g[-1]][1]] for g in groups]
     exact = tok.count_tokens(texts)
     fixed: list[tuple[list[int], int]] = []
-    for group, n in zip(final_groups, exact, strict=True):
+    for group, n in zip(groups, exact, strict=True):
         while n > budget and len(group) > 1:
             group = group[:-1]
             n = tok.count_tokens([text[pieces[group[0]][0]:pieces[group[-1]][1]]])[0]
@@ -210,6 +206,3 @@ def chunk_document(doc: ParsedDocument, tok: Tokenizer, config: ChunkConfig) -> 
         )
     return ChunkedDocument(parsed=doc, chunks=chunks, char_count=len(text))
 
-
-def chunk_documents(docs: Sequence[ParsedDocument], tok: Tokenizer, config: ChunkConfig) -> list[ChunkedDocument]:
-    return [chunk_document(d, tok, config) for d in docs]
