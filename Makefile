@@ -7,7 +7,7 @@ DEMO_HOME ?= .corpusync-demo
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test lint typecheck bench clean
+.PHONY: install demo gate test lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -21,10 +21,22 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/corpusync --home $(DEMO_HOME) refresh examples/sample-corpus
+	CORPUSYNC_GOLDSETS='["examples/goldset.jsonl"]' $(BIN)/corpusync --home $(DEMO_HOME) refresh examples/sample-corpus
 	$(BIN)/corpusync --home $(DEMO_HOME) query "合同编号 HT2023-0876 的付款方式是什么？" -k 3
 	$(BIN)/corpusync --home $(DEMO_HOME) query "Which team won Super Bowl 50?" -k 3
 	$(BIN)/corpusync --home $(DEMO_HOME) db status
+
+# The CI gate (.github/workflows/corpus-gate.yml) locally: index the corpus as it is at $(BASE), then
+# refresh to the working tree's corpus; the refresh is evaluated on the gold set and refused (exit 1)
+# if retrieval regressed.
+BASE ?= HEAD
+GATE_HOME ?= .corpusync-gate
+GATE_BASE := $(GATE_HOME)/base-checkout
+gate: install
+	rm -rf $(GATE_HOME) && mkdir -p $(GATE_HOME)
+	git archive --format=tar --prefix=base-checkout/ $(BASE) examples/sample-corpus | tar -x -C $(GATE_HOME)
+	CORPUSYNC_GOLDSETS='["examples/goldset.jsonl"]' $(BIN)/corpusync --home $(GATE_HOME) refresh -q $(GATE_BASE)/examples/sample-corpus
+	CORPUSYNC_GOLDSETS='["examples/goldset.jsonl"]' $(BIN)/corpusync --home $(GATE_HOME) refresh examples/sample-corpus
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -79,6 +79,8 @@ def refresh(
     source: Annotated[Path, typer.Argument(help="Folder of documents to index.")],
     allow_mass_delete: Annotated[bool, typer.Option(help="Publish even if many documents disappeared.")] = False,
     reembed: Annotated[bool, typer.Option(help="Re-embed everything with the configured model.")] = False,
+    skip_gate: Annotated[bool, typer.Option(
+        help="Publish even if the evaluation gate fails (recorded in the run and the evaluation).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -92,7 +94,7 @@ def refresh(
     try:
         with bar.progress, progress.use(bar):
             summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
-                                   settings=settings)
+                                   skip_gate=skip_gate, settings=settings)
     except CorpusyncError as exc:
         _fail(exc)
         return
@@ -116,6 +118,14 @@ def _print_summary(s: dict[str, Any]) -> None:
     for q in s["quarantined"]:
         typer.secho(f"  quarantined {q['path']} ({q['stage']}: {q['reason']}): {q['error']}",
                     fg=typer.colors.YELLOW)
+    for e in s.get("evaluation", []):
+        gate = {True: "gate passed", False: "gate FAILED", None: "not gated"}[e["passed"]]
+        gated_mode = next(iter(c["mode"] for c in e["checks"]), "hybrid")
+        figures = ", ".join(f"{k} {v:.3f}" for k, v in e["metrics"].get(gated_mode, {}).items()
+                            if k in ("recall@5", "mrr@10"))
+        typer.echo(f"  eval {e['goldset']}: {gate}" + (" (overridden)" if e["overridden"] else "")
+                   + (f"; {gated_mode} {figures}" if figures else "")
+                   + (f"; report {e['report']}" if e["report"] else ""))
     if s.get("message"):
         typer.echo(f"  {s['message']}")
     total = sum(s["timings"].values())
@@ -148,6 +158,69 @@ def query(
         typer.secho(f"{h.rank:>2}. {h.score:.4f}  {h.citation}", bold=True)
         snippet = " ".join(h.text.split())
         typer.echo("    " + (snippet[: max(width - 8, 40)] + ("…" if len(snippet) > width - 8 else "")))
+
+
+@app.command("eval")
+def eval_cmd(
+    goldset: Annotated[list[str] | None, typer.Option(
+        "--goldset", help="Gold set path or name (repeatable; default: CORPUSYNC_GOLDSETS).")] = None,
+    generation: Annotated[int | None, typer.Option(
+        help="Evaluate this generation (default: the published one).")] = None,
+    gate: Annotated[bool, typer.Option("--gate", help="Compare with the last published generation's "
+                                       "evaluation; exit 1 on regression.")] = False,
+    limit: Annotated[int | None, typer.Option(help="At most this many questions per gold set (fixed subset).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG per mode; RAGAS). Exit 0 pass, 1 regression, 2 error."""
+    from corpusync.runtime import open_database
+    from query.search import Searcher
+    from tasks.evaluate import evaluate_and_gate
+
+    settings = _settings()
+    try:
+        with open_database(settings) as conn:
+            searcher = Searcher(settings, conn)
+            gen = generation if generation is not None else searcher.published_generation()
+            outcome = evaluate_and_gate(settings, conn, searcher, gen, specs=goldset or settings.goldsets,
+                                        gated=gate, max_questions=limit)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps(outcome.summary(), ensure_ascii=False, indent=2, default=str))
+    else:
+        typer.echo(outcome.report)
+        if outcome.report_path:
+            typer.echo(f"report: {outcome.report_path}")
+    if gate and not outcome.passed:
+        typer.secho("evaluation gate FAILED: " + "; ".join(outcome.failures()), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+
+
+goldset_app = typer.Typer(no_args_is_help=True, help="Gold sets: export the corpus a gold set brings.")
+app.add_typer(goldset_app, name="goldset")
+
+
+@goldset_app.command("export")
+def goldset_export(
+    spec: Annotated[str, typer.Argument(help="Gold set path or name (BEIR folder, SQuAD/CMRC JSON, DuReader).")],
+    folder: Annotated[Path, typer.Argument(help="Where to write one text file per passage.")],
+    limit: Annotated[int | None, typer.Option(
+        help="Only the gold passages of this many questions (fixed subset)...")] = None,
+    distractors: Annotated[int, typer.Option(help="...plus this many other passages.")] = 0,
+) -> None:
+    """Write a gold set's passages as files, ready for `corpusync refresh FOLDER` and `corpusync eval`."""
+    from evaluation.goldsets import export_corpus, load_goldset, sample_questions
+
+    settings = _settings()
+    try:
+        gs = load_goldset(spec, settings.goldset_dirs)
+        subset = sample_questions(gs, limit) if limit else None
+        n = export_corpus(gs, folder, only_gold_of=subset, distractors=distractors)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"wrote {n} passages of {gs.name} ({len(gs.questions)} questions) to {folder}")
 
 
 @app.command()
@@ -254,7 +327,10 @@ def db_stop() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        # standalone_mode=False: click returns a typer.Exit's code instead of raising it
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int):
+            return rv
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except SystemExit as exc:  # click exits this way for --help / usage errors

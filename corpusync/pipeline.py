@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from corpusync import progress
-from corpusync.errors import ParseError
+from corpusync.errors import EvalGateFailed, ParseError
 from corpusync.runtime import RefreshContext
 from schemas.records import (
     ChunkedDocument,
@@ -175,6 +175,35 @@ def step_load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffP
     ctx.summary.chunks.inserted = inserted
     ctx.summary.chunks.retired = retired
     return ctx.generation
+
+
+def step_evaluate(ctx: RefreshContext, generation: int | None) -> str | None:
+    """Evaluate the candidate on the configured gold sets before it goes live; refuse it on regression.
+
+    Returns the Markdown report (None when there is nothing to evaluate)."""
+    if generation is None or not ctx.settings.goldsets:
+        return None
+    from query.search import Searcher
+    from tasks.evaluate import evaluate_and_gate
+
+    with ctx.timed("evaluate"):
+        outcome = evaluate_and_gate(
+            ctx.settings, ctx.conn, Searcher(ctx.settings, ctx.conn, ctx.embedder), generation,
+            specs=ctx.settings.goldsets, run_id=ctx.run_id, baseline_generation=ctx.base_generation or None,
+            override=ctx.skip_gate,
+        )
+    ctx.summary.evaluation = outcome.summary()
+    if not outcome.passed:
+        failures = "; ".join(outcome.failures())
+        if not ctx.skip_gate:
+            raise EvalGateFailed(
+                f"generation {generation} was not published: retrieval regressed ({failures}). Generation "
+                f"{ctx.base_generation} stays live. Report: {outcome.report_path}. To publish anyway, rerun "
+                "with --skip-gate (recorded)."
+            )
+        ctx.summary.message = f"evaluation gate failed but was overridden with --skip-gate: {failures}"
+        log.warning(ctx.summary.message)
+    return outcome.report
 
 
 def step_publish(ctx: RefreshContext, generation: int | None) -> None:

@@ -20,7 +20,7 @@ import psycopg
 
 from corpusync import __version__, db
 from corpusync.embedders import FlagEmbedder, build_embedder
-from corpusync.errors import MassDeleteRefused, ModelMismatch, WriterBusy
+from corpusync.errors import EvalGateFailed, MassDeleteRefused, ModelMismatch, WriterBusy
 from schemas.records import RunSummary
 from schemas.settings import Settings, config_hash
 
@@ -51,6 +51,7 @@ class RefreshContext:
     summary: RunSummary
     allow_mass_delete: bool = False
     reembed: bool = False
+    skip_gate: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     model_id: int | None = None
     generation: int | None = None
@@ -106,6 +107,7 @@ def writer_session(
     *,
     allow_mass_delete: bool = False,
     reembed: bool = False,
+    skip_gate: bool = False,
     prefect_flow_run_id: str | None = None,
 ) -> Iterator[RefreshContext]:
     """Lock, record the run, recover from crashed candidates; on exit, finalise the run record."""
@@ -116,7 +118,8 @@ def writer_session(
         acquire_writer_lock(conn, settings.lock_timeout_s)
         state = db.fetch_one(conn, "index_state")
         assert state is not None
-        config = settings.lineage_config() | {"allow_mass_delete": allow_mass_delete, "reembed": reembed}
+        config = settings.lineage_config() | {"allow_mass_delete": allow_mass_delete, "reembed": reembed,
+                                              "skip_gate": skip_gate}
         with conn.transaction():
             row = db.fetch_one(conn, "start_run", {
                 "kind": "refresh", "source_root": str(source.resolve()), "config": db.as_json(config),
@@ -134,7 +137,7 @@ def writer_session(
             published_model_label=f"{state['model_name']} ({state['dimension']}-d)" if state["model_id"] else "",
             summary=RunSummary(run_id=run_id, status="running", generation=base, published=False,
                                base_generation=base),
-            allow_mass_delete=allow_mass_delete, reembed=reembed,
+            allow_mass_delete=allow_mass_delete, reembed=reembed, skip_gate=skip_gate,
         )
         recovered = recover(conn, run_id)
         if any(recovered.values()):
@@ -146,7 +149,7 @@ def writer_session(
             _finish(ctx, "refused", str(exc))
             raise
         except Exception as exc:
-            status = "refused" if isinstance(exc, ModelMismatch) else "failed"
+            status = "refused" if isinstance(exc, ModelMismatch | EvalGateFailed) else "failed"
             _finish(ctx, status, f"{type(exc).__name__}: {exc}")
             raise
         else:
@@ -168,7 +171,8 @@ def _finish(ctx: RefreshContext, status: str, message: str) -> None:
         except psycopg.Error:
             ctx.conn.rollback()
     counts: dict[str, Any] = {"documents": s.documents.model_dump(), "chunks": s.chunks.model_dump(),
-                              "quarantined": s.quarantined, "renamed": s.renamed}
+                              "quarantined": s.quarantined, "renamed": s.renamed,
+                              "evaluation": s.evaluation}
     with ctx.conn.transaction():
         db.execute(ctx.conn, "finish_run", {
             "run_id": ctx.run_id, "status": status, "generation": s.generation, "published": s.published,

@@ -1,4 +1,4 @@
-"""The refresh flow: discover -> diff -> parse -> chunk -> embed -> load -> publish -> prune.
+"""The refresh flow: discover -> diff -> parse -> chunk -> embed -> load -> evaluate -> publish -> prune.
 
 Run it as `corpusync refresh PATH`, `python -m flows.refresh PATH`, or as a Prefect deployment
 (prefect.yaml).
@@ -27,18 +27,20 @@ def refresh(
     source: str,
     allow_mass_delete: bool = False,
     reembed: bool = False,
+    skip_gate: bool = False,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Bring the index in step with the folder `source`; publish the new generation if anything changed."""
     settings = settings or Settings()
     with writer_session(settings, Path(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
-                        prefect_flow_run_id=flow_run.get_id()) as ctx:
+                        skip_gate=skip_gate, prefect_flow_run_id=flow_run.get_id()) as ctx:
         found = t.discover(ctx)
         plan = t.diff(ctx, found)
         parsed = t.parse(ctx, plan)
         chunked = t.chunk(ctx, parsed, plan)
         embedded = t.embed(ctx, chunked)
         generation = t.load(ctx, embedded, plan)
+        t.evaluate(ctx, generation)
         t.publish(ctx, generation)
         t.prune(ctx)
     return ctx.summary.model_dump()

@@ -68,6 +68,17 @@ class Searcher:
             self._embedder = build_embedder(self.settings)
         return self._embedder
 
+    def published_generation(self) -> int:
+        state = db.fetch_one(self.conn, "index_state")
+        assert state is not None
+        if not state["published_generation"]:
+            raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
+        return int(state["published_generation"])
+
+    def index_model_id(self, generation: int | None) -> int:
+        """The embedding model that built `generation` (the published one when None)."""
+        return int(self._index_model(generation)["model_id"])
+
     def _index_model(self, generation: int | None) -> dict[str, Any]:
         state = db.fetch_one(self.conn, "index_state")
         assert state is not None
@@ -84,7 +95,10 @@ class Searcher:
             raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
         return state
 
-    def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None) -> list[Hit]:
+    def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
+               query_vector: Sequence[float] | None = None) -> list[Hit]:
+        """Top-k hits of one generation. `query_vector`: the text's embedding when the caller already has
+        it (evaluation embeds all questions in one batch)."""
         if mode not in _WEIGHTS:
             raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(_WEIGHTS)}")
         if k <= 0:
@@ -97,7 +111,10 @@ class Searcher:
                 f"configured with {identity.label}; configure the same model to query this index"
             )
         w_dense, w_lex = _WEIGHTS[mode]
-        qvec = self.embedder.embed([text]).dense[0] if w_dense > 0 else [0.0] * identity.dimension
+        if w_dense <= 0:
+            qvec: Any = [0.0] * identity.dimension
+        else:
+            qvec = query_vector if query_vector is not None else self.embedder.embed([text]).dense[0]
         params = {
             "generation": generation, "qvec": HalfVector(qvec), "qtext": " ".join(lexical.query_terms(text)),
             "w_dense": w_dense, "w_lex": w_lex, "rrf_k": float(self.settings.rrf_k),

@@ -174,3 +174,6 @@ class RunSummary(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     model: str = ""
     message: str = ""
+    evaluation: list[dict[str, Any]] = Field(
+        default_factory=list, description="Gold-set evaluations of the candidate and the gate's verdict."
+    )

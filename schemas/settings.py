@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EmbedderName = Literal["minilm", "bge-m3"]
@@ -111,6 +111,42 @@ class Settings(BaseSettings):
         50, gt=0, description="How many candidates each channel contributes before fusion."
     )
 
+    # --- evaluation gate -------------------------------------------------------------------------
+    goldsets: list[str] = Field(
+        default_factory=list,
+        description="Gold sets evaluated on every refresh before publishing (paths, or folder names under "
+        "goldset_dirs). Empty: refreshes publish without a quality gate.",
+    )
+    goldset_dirs: list[Path] = Field(
+        default_factory=list, description="Folders where gold sets given by name are looked up."
+    )
+    eval_modes: list[str] = Field(
+        default_factory=lambda: ["dense", "lexical", "hybrid"],
+        description="Retrieval modes evaluated (metrics are reported for each).",
+    )
+    eval_max_questions: int | None = Field(
+        None, gt=0, description="Evaluate at most this many questions per gold set (a fixed subset)."
+    )
+    gate_mode: str = Field("hybrid", description="The retrieval mode the gate judges (what users query).")
+    gate_tolerances: dict[str, float] = Field(
+        default_factory=lambda: {"recall@5": 0.02, "recall@10": 0.02, "mrr@10": 0.03},
+        description="Largest tolerated drop against the baseline per metric ('metric' or 'goldset:metric'). "
+        "A drop fails only if it exceeds this AND its bootstrap interval lies below zero.",
+    )
+    gate_floors: dict[str, float] = Field(
+        default_factory=dict,
+        description="Absolute minimum per metric ('metric' or 'goldset:metric'), checked even without a baseline.",
+    )
+    gate_confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence of the bootstrap interval.")
+    gate_bootstrap_samples: int = Field(2000, ge=100, description="Bootstrap resamples (seeded: reproducible).")
+    eval_llm_base_url: str | None = Field(
+        None,
+        description="OpenAI-compatible endpoint for the LLM-judged RAGAS metrics (faithfulness, LLM context "
+        "precision/recall). Unset: those metrics are reported as skipped.",
+    )
+    eval_llm_model: str = Field("gpt-4o-mini", description="Model name at eval_llm_base_url.")
+    eval_llm_api_key: SecretStr | None = Field(None, description="API key for eval_llm_base_url.")
+
     @field_validator("home")
     @classmethod
     def _expand_home(cls, v: Path) -> Path:
@@ -119,6 +155,17 @@ class Settings(BaseSettings):
     @property
     def pgdata(self) -> Path:
         return self.home / "pgdata"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.home / "reports"
+
+    def gate_config(self) -> dict[str, Any]:
+        """The evaluation settings stored with every evaluation (and in the run's config)."""
+        return self.model_dump(mode="json", include={
+            "goldsets", "eval_modes", "eval_max_questions", "gate_mode", "gate_tolerances", "gate_floors",
+            "gate_confidence", "gate_bootstrap_samples", "eval_llm_model",
+        }) | {"llm_judge": bool(self.eval_llm_base_url)}
 
     def lineage_config(self) -> dict[str, Any]:
         """The settings that decide what ends up in the index (stored with every run, then hashed)."""
@@ -136,7 +183,7 @@ class Settings(BaseSettings):
                 "retention_generations",
                 "max_delete_fraction",
             },
-        ) | {"model_path": str(self.model_path) if self.model_path else None}
+        ) | {"model_path": str(self.model_path) if self.model_path else None} | self.gate_config()
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ once it has written; the next refresh recovers instead). NO_CACHE: inputs hold l
 from __future__ import annotations
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from corpusync import pipeline
@@ -39,6 +40,13 @@ def embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedD
 @task(name="load", cache_policy=NO_CACHE)
 def load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:
     return pipeline.step_load(ctx, embedded, plan)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(ctx: RefreshContext, generation: int | None) -> None:
+    report = pipeline.step_evaluate(ctx, generation)
+    if report:
+        create_markdown_artifact(report, key="corpusync-evaluation", description="Gold-set evaluation and gate")
 
 
 @task(name="publish", cache_policy=NO_CACHE)

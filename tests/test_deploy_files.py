@@ -42,3 +42,13 @@ def test_compose_file_validates_against_compose_spec() -> None:
     jsonschema.validate(compose, schema)
     assert {"postgres", "prefect-server", "worker"} <= set(compose["services"])
     assert compose["services"]["postgres"]["image"].startswith("pgvector/pgvector")
+
+
+def test_gate_workflow_runs_refresh_on_corpus_changes() -> None:
+    wf = yaml.safe_load((REPO / ".github" / "workflows" / "corpus-gate.yml").read_text())
+    triggers = wf.get("on") or wf.get(True)  # YAML 1.1 reads a bare `on` key as true
+    paths = triggers["pull_request"]["paths"]
+    assert "examples/sample-corpus/**" in paths and "examples/goldset.jsonl" in paths and "tasks/**" in paths
+    steps = [s.get("run", "") for s in wf["jobs"]["gate"]["steps"]]
+    assert any("corpusync refresh" in s and "--skip-gate" not in s for s in steps)
+    assert "goldset.jsonl" in wf["env"]["CORPUSYNC_GOLDSETS"]

@@ -1,0 +1,1 @@
+UPDATE corpusync.evaluations SET report_path = %(report_path)s WHERE id = %(id)s

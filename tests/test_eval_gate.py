@@ -1,0 +1,132 @@
+"""The evaluation gate end to end (real Prefect flows, embedded PostgreSQL, MiniLM): a harmless change
+passes, a scrambled-text parser is refused before publishing (previous generation stays live, exit code 1),
+the override publishes and is recorded, and `corpusync eval --gate` catches the regression too."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corpusync.cli import main
+from tasks import parse as parse_stage
+from tests.conftest import REPO, SAMPLE
+
+pytestmark = [pytest.mark.flow, pytest.mark.db]
+
+
+@pytest.fixture
+def goldset(corpus: Path, tmp_path: Path) -> Path:
+    """The demo gold set restricted to the documents of the test corpus (20 questions)."""
+    present = {p.relative_to(corpus).as_posix() for p in corpus.rglob("*") if p.is_file()}
+    lines = [line for line in (REPO / "examples" / "goldset.jsonl").read_text().splitlines()
+             if json.loads(line)["gold_document"] in present]
+    path = tmp_path / "gold.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def env(settings: Any, goldset: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Point the CLI at the test database and gold set (the CLI builds its own Settings from the env)."""
+    monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
+    monkeypatch.setenv("CORPUSYNC_GOLDSETS", json.dumps([str(goldset)]))
+    return settings
+
+
+def _scrambling_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: a 'parser upgrade' that scrambles every document's characters."""
+    original = parse_stage.parse_document
+
+    def broken(src: Any, max_bytes: int) -> Any:
+        doc = original(src, max_bytes)
+        rnd = random.Random(src.sha256)
+        blocks = []
+        for b in doc.blocks:
+            chars = list(b.text)
+            rnd.shuffle(chars)
+            blocks.append(type(b)(b.kind, "".join(chars), b.page, b.level))
+        doc.blocks = blocks
+        return doc
+
+    monkeypatch.setattr(parse_stage, "parse_document", broken)
+    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda: "scrambling-parser-2.0")
+
+
+def _state(conn: Any) -> tuple[int, list[tuple[int, str]]]:
+    pub = conn.execute("SELECT published_generation FROM corpusync.index_state").fetchone()[0]
+    gens = conn.execute("SELECT generation, status FROM corpusync.generations ORDER BY generation").fetchall()
+    return pub, gens
+
+
+def test_gate_passes_harmless_change_and_refuses_broken_candidate(
+        prefect_harness, env, corpus: Path, conn, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    # generation 1: no baseline yet -> evaluated (floors only) and published
+    assert main(["refresh", str(corpus), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    (ev1,) = first["evaluation"]
+    assert ev1["passed"] is True and ev1["baseline_generation"] is None
+    assert ev1["metrics"]["hybrid"]["recall@10"] >= 0.9  # the index answers its gold set
+    assert ev1["ragas"]["id_based_context_recall"] > 0.5  # RAGAS non-LLM metrics ran offline
+
+    # generation 2: an unrelated document added; the gate compares with generation 1 and passes
+    shutil.copy(SAMPLE / "en" / "Amazon_rainforest.md", corpus / "en" / "Amazon_rainforest.md")
+    assert main(["refresh", str(corpus), "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    (ev2,) = second["evaluation"]
+    assert second["published"] and ev2["passed"] is True and ev2["baseline_generation"] == 1
+    assert all(c["n_paired"] == 20 for c in ev2["checks"])
+
+    hits_before = main(["query", "Which NFL team won Super Bowl 50?", "--json"])
+    assert hits_before == 0
+    before = json.loads(capsys.readouterr().out)
+
+    # generation 3: a scrambling parser re-parses everything -> refused, exit 1, generation 2 stays live
+    _scrambling_parser(monkeypatch)
+    assert main(["refresh", str(corpus)]) == 1
+    err = capsys.readouterr().err
+    assert "not published: retrieval regressed" in err and "Generation 2 stays live" in err
+    pub, gens = _state(conn)
+    assert pub == 2 and gens[-1] == (3, "refused")
+    run = conn.execute("SELECT status, counts FROM corpusync.runs ORDER BY id DESC LIMIT 1").fetchone()
+    assert run[0] == "refused" and run[1]["evaluation"][0]["passed"] is False
+    failed = [c for c in run[1]["evaluation"][0]["checks"] if not c["passed"]]
+    assert failed and all(c["ci_high"] < 0 for c in failed)
+    assert main(["query", "Which NFL team won Super Bowl 50?", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == before  # readers still see generation 2, unchanged
+    report = Path(run[1]["evaluation"][0]["report"]).read_text()
+    assert "FAIL" in report and "Worst-regressed questions" in report
+
+    # the override publishes and is recorded
+    assert main(["refresh", str(corpus), "--skip-gate", "--json"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["published"] and forced["generation"] == 4 and "overridden" in forced["message"]
+    row = conn.execute("SELECT passed, overridden FROM corpusync.evaluations WHERE generation = 4").fetchone()
+    assert row == (False, True)
+
+    # standalone: `corpusync eval --gate` on the (broken) live generation vs the last published baseline
+    assert main(["eval", "--gate", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out[0]["generation"] == 4 and out[0]["baseline_generation"] == 2 and out[0]["passed"] is False
+    # the history is queryable by analysts
+    n = conn.execute("SELECT count(DISTINCT generation) FROM corpusync.eval_results "
+                     "WHERE metric = 'recall@5' AND mode = 'hybrid'").fetchone()[0]
+    assert n == 4
+    assert (Path(env.home) / "reports").glob("history-*.svg")
+
+
+def test_eval_errors_exit_2(prefect_harness, env, corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["eval"]) == 2  # empty index
+    assert "empty" in capsys.readouterr().err
+    assert main(["refresh", str(corpus), "-q"]) == 0
+    assert main(["eval", "--goldset", "no/such/goldset.jsonl"]) == 2
+    assert "not found" in capsys.readouterr().err
+    monkeypatch.setenv("CORPUSYNC_GOLDSETS", "[]")
+    assert main(["eval"]) == 2
+    assert "no gold set" in capsys.readouterr().err

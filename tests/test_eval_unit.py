@@ -1,0 +1,153 @@
+"""Evaluation pure functions: metrics against hand-computed values, the paired bootstrap and the gate,
+relevance rules, and the gold-set loaders on the real gold sets in ../shared/data/goldsets."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from evaluation import relevance as rel
+from evaluation.gate import gate_checks
+from evaluation.goldsets import export_corpus, goldset_hash, load_goldset, passage_filename, sample_questions
+from evaluation.metrics import (
+    aggregate,
+    hit_at_k,
+    mrr_at_k,
+    ndcg_at_k,
+    paired_bootstrap,
+    question_scores,
+    recall_at_k,
+)
+from evaluation.ragas_eval import RagasSample, ragas_scores
+from schemas.eval import GoldQuestion
+from schemas.settings import Settings
+from tests.conftest import REPO, SHARED_DATA
+
+GOLDSETS = SHARED_DATA / "goldsets"
+
+
+def test_metrics_hand_computed() -> None:
+    ranked = [7, 3, 9, 4, 1, 8]
+    relevant = {3, 4, 5}
+    assert hit_at_k(ranked, relevant, 1) == 0.0
+    assert hit_at_k(ranked, relevant, 2) == 1.0
+    assert mrr_at_k(ranked, relevant, 10) == 0.5
+    assert mrr_at_k(ranked, relevant, 1) == 0.0
+    # DCG = 1/log2(3) + 1/log2(5); ideal with 3 relevant = 1 + 1/log2(3) + 1/log2(4)
+    expected = (1 / math.log2(3) + 1 / math.log2(5)) / (1 + 1 / math.log2(3) + 0.5)
+    assert ndcg_at_k(ranked, relevant, 10) == pytest.approx(expected)
+    # recall counts gold units: unit A = {3}, unit B = {4, 5}, unit C = {6} (never retrieved)
+    units = [{3}, {4, 5}, {6}]
+    assert recall_at_k(ranked, units, 1) == 0.0
+    assert recall_at_k(ranked, units, 2) == pytest.approx(1 / 3)
+    assert recall_at_k(ranked, units, 4) == pytest.approx(2 / 3)
+    assert recall_at_k(ranked, [], 4) == 0.0
+    s = question_scores(ranked, units)
+    assert s["recall@5"] == pytest.approx(2 / 3) and s["mrr@10"] == 0.5 and s["hit@10"] == 1.0
+    assert aggregate([{"m": 1.0}, {"m": 0.0}, {"m": 0.5}]) == {"m": 0.5}
+
+
+def test_ndcg_perfect_and_empty() -> None:
+    assert ndcg_at_k([1, 2], {1, 2}, 10) == pytest.approx(1.0)
+    assert ndcg_at_k([1, 2], set(), 10) == 0.0
+
+
+def test_paired_bootstrap() -> None:
+    same = [1.0, 0.0, 1.0, 0.5] * 10
+    assert paired_bootstrap(same, same) == (0.0, 0.0, 0.0)
+    base = [1.0] * 40
+    worse = [1.0] * 20 + [0.0] * 20
+    d, lo, hi = paired_bootstrap(worse, base, samples=1000)
+    assert d == pytest.approx(-0.5) and lo < -0.3 and hi < -0.3
+    assert paired_bootstrap(worse, base, samples=1000) == (d, lo, hi)  # seeded: reproducible
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0], [1.0, 0.0])
+
+
+def _scores(values: list[float], metric: str = "recall@5") -> dict[str, dict[str, float]]:
+    return {f"q{i}": {metric: v} for i, v in enumerate(values)}
+
+
+def test_gate_noop_noise_real_drop_and_floor() -> None:
+    base = _scores([1.0] * 19 + [0.0])
+    kw = {"tolerances": {"recall@5": 0.02}, "floors": {}, "samples": 1000}
+    (noop,) = gate_checks("g", "hybrid", base, base, **kw)  # type: ignore[arg-type]
+    assert noop.passed and noop.delta == 0.0 and noop.n_paired == 20
+    # one question of 20 lost: a 0.05 drop, more than the tolerance but inside the noise -> passes
+    one_lost = _scores([1.0] * 18 + [0.0, 0.0])
+    (noisy,) = gate_checks("g", "hybrid", one_lost, base, **kw)  # type: ignore[arg-type]
+    assert noisy.passed and noisy.delta == pytest.approx(-0.05) and noisy.ci_low is not None and noisy.ci_low < 0
+    assert "noise" in noisy.reason
+    # half the questions lost: fails, with the interval wholly below zero
+    half = _scores([1.0] * 10 + [0.0] * 10)
+    (real,) = gate_checks("g", "hybrid", half, base, **kw)  # type: ignore[arg-type]
+    assert not real.passed and real.ci_high is not None and real.ci_high < 0
+    # floors apply without a baseline; gold-set-specific thresholds override the generic ones
+    checks = gate_checks("g", "hybrid", half, None, tolerances={}, floors={"recall@5": 0.4, "g:recall@5": 0.6})
+    assert [c.passed for c in checks] == [False] and "floor" in checks[0].reason
+    assert gate_checks("other", "hybrid", half, None, tolerances={}, floors={"g:recall@5": 0.9}) == []
+
+
+def test_relevance_rules() -> None:
+    assert rel.doc_matches("zh/DEV_0.txt", "zh/DEV_0.txt")
+    assert rel.doc_matches("DEV_0", "zh/DEV_0.txt")
+    assert not rel.doc_matches("DEV_0", "zh/DEV_01.txt")
+    docs = rel.resolve_documents(["DEV_0", "en/Normans.md", "missing.txt"],
+                                 ["zh/DEV_0.txt", "zh/DEV_01.txt", "en/Normans.md"])
+    assert docs == {"DEV_0": ["zh/DEV_0.txt"], "en/Normans.md": ["en/Normans.md"], "missing.txt": []}
+    chunks = {"a.md": [rel.ChunkRef(1, "a.md", "The Normans came from Normandy."),
+                       rel.ChunkRef(2, "a.md", "Rollo signed a treaty in 911 with Charles III.")]}
+    q = GoldQuestion(id="1", question="When?", gold_documents=["a.md", "b.md"], answers=["911"], level="document")
+    r = rel.relevant_chunks(q, {"a.md": ["a.md"], "b.md": []}, chunks)
+    assert r.units == [{2}, set()] and not r.fallback  # b.md is not in the generation: an empty unit
+    q_fb = q.model_copy(update={"answers": ["in the year nine hundred eleven"]})
+    assert rel.relevant_chunks(q_fb, {"a.md": ["a.md"]}, chunks).fallback
+    q_ev = q.model_copy(update={"evidence": ["Rollo signed a treaty in 911 with Charles III, king of the Franks."]})
+    assert rel.relevant_chunks(q_ev, {"a.md": ["a.md"]}, chunks).units[0] == {2}
+    q_p = q.model_copy(update={"level": "passage"})
+    assert rel.relevant_chunks(q_p, {"a.md": ["a.md"]}, chunks).units[0] == {1, 2}
+    # normalisation: full-width, case and line breaks do not matter
+    assert rel.normalise("ＨＴ2023-0876\n合同") == "ht2023-0876合同"
+
+
+def test_demo_goldset_loads() -> None:
+    gs = load_goldset(REPO / "examples" / "goldset.jsonl")
+    assert len(gs.questions) == 58 and gs.questions[0].level == "document"
+    assert gs.sha256 == goldset_hash(reversed(gs.questions))  # order-independent
+    assert sample_questions(gs, 10).questions == sample_questions(gs, 10).questions
+    assert len(sample_questions(gs, 10).questions) == 10
+
+
+@pytest.mark.skipif(not GOLDSETS.exists(), reason="shared gold sets not present")
+def test_real_goldset_loaders(tmp_path: Path) -> None:
+    squad = load_goldset("squad-v1.1-dev", [GOLDSETS])
+    assert len(squad.questions) == 10570 and len(squad.passages) == 2067
+    q = squad.questions[0]
+    assert q.gold_documents == ["1973_oil_crisis_000.txt"] and "October 1973" in q.answers
+    cmrc = load_goldset(GOLDSETS / "cmrc2018")
+    assert len(cmrc.questions) == 3219 and len(cmrc.passages) == 848
+    assert cmrc.questions[0].gold_documents == [passage_filename("DEV_0")]
+    dur = load_goldset(GOLDSETS / "dureader2-demo")
+    assert 0 < len(dur.questions) <= 100 and all(q.level == "document" for q in dur.questions)
+    assert sum(bool(q.evidence) for q in dur.questions) > len(dur.questions) // 2
+    # exporting a subset writes the gold passages of those questions plus distractors
+    sub = sample_questions(cmrc, 5)
+    n = export_corpus(cmrc, tmp_path / "c", only_gold_of=sub, distractors=3)
+    names = {p.name for p in (tmp_path / "c").iterdir()}
+    assert n == len(names) and {g for q in sub.questions for g in q.gold_documents} <= names
+    with pytest.raises(Exception, match="not found"):
+        load_goldset("no-such-goldset", [GOLDSETS])
+
+
+def test_ragas_non_llm_offline_and_llm_skipped() -> None:
+    samples = [RagasSample(question="capital of France?", retrieved_ids=["1", "2"],
+                           retrieved_texts=["Paris is the capital of France.", "Berlin is in Germany."],
+                           reference_ids=["1"], reference_texts=["Paris is the capital of France."])]
+    out = ragas_scores(samples, Settings())
+    m = out["metrics"]
+    assert m["id_based_context_recall"] == 1.0 and m["id_based_context_precision"] == 0.5
+    assert m["non_llm_context_recall"] == pytest.approx(1.0)
+    assert set(out["skipped"]) >= {"faithfulness", "context_recall", "answer_relevancy"}
+    assert "CORPUSYNC_EVAL_LLM_BASE_URL" in out["skipped"]["faithfulness"]
