@@ -27,6 +27,7 @@ from tasks import parse as parse_stage
 from tasks import prune as prune_stage
 from tasks import publish as publish_stage
 from tasks.diff import diff
+from tasks.parse_worker import ParseWorker
 
 log = logging.getLogger("corpusync.refresh")
 
@@ -38,7 +39,7 @@ def chunk_config(ctx: RefreshContext) -> chunk_stage.ChunkConfig:
 
 def pipeline_fingerprint(ctx: RefreshContext) -> str:
     """What must match for a stored version to count as up to date: parser, chunker and model."""
-    raw = "|".join([parse_stage.parser_fingerprint(), chunk_config(ctx).fingerprint,
+    raw = "|".join([parse_stage.parser_fingerprint(ctx.settings.parse_options()), chunk_config(ctx).fingerprint,
                     ctx.embedder.identity.identity_hash])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
@@ -102,13 +103,22 @@ def step_parse(ctx: RefreshContext, plan: DiffPlan) -> list[ParsedDocument]:
     todo = plan.to_process
     parsed: list[ParsedDocument] = []
     failed: list[QuarantineRecord] = []
+    s = ctx.settings
+    options = s.parse_options()
+    worker = (ParseWorker(options, s.parse_timeout_s, s.parse_memory_mb, parse=parse_stage.parse_document)
+              if s.parse_isolation and todo else None)
+    parse_one = worker.parse if worker else (lambda src: parse_stage.parse_document(src, options))
     with ctx.timed("parse"), progress.stage("parse", len(todo)) as bar:
-        for src in todo:
-            try:
-                parsed.append(parse_stage.parse_document(src, ctx.settings.max_file_bytes))
-            except ParseError as exc:
-                failed.append(QuarantineRecord(src.path, "parse", exc.reason, exc.detail, src.sha256))
-            bar.advance()
+        try:
+            for src in todo:
+                try:
+                    parsed.append(parse_one(src))
+                except ParseError as exc:
+                    failed.append(QuarantineRecord(src.path, "parse", exc.reason, exc.detail, src.sha256))
+                bar.advance()
+        finally:
+            if worker:
+                worker.close()
     _quarantine(ctx, failed, pipeline_fingerprint(ctx))
     return parsed
 

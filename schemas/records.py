@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-BlockKind = Literal["title", "text", "table", "list"]
+BlockKind = Literal["title", "text", "table", "list", "ocr"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,8 @@ def chunk_document(doc: ParsedDocument, tok: Tokenizer, config: ChunkConfig) -> 
             level = max(block.level, 1)
             path = [p for p in path if p[0] < level] + [(level, block.text[:200])]
         spans = [(bs, be)] if block.kind == "table" else sentence_spans(text, bs, be)
-        units.append((section, spans, tuple(t for _, t in path), "table" if block.kind == "table" else "text"))
+        kind = block.kind if block.kind in ("table", "ocr") else "text"
+        units.append((section, spans, tuple(t for _, t in path), kind))
 
     # 2. sentences with token counts (one tokenizer call for the whole document).
     sents: list[tuple[int, int, int, tuple[str, ...], str]] = []  # start, end, section, path, type

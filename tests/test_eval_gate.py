@@ -37,6 +37,7 @@ def env(settings: Any, goldset: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
     monkeypatch.setenv("CORPUSYNC_GOLDSETS", json.dumps([str(goldset)]))
+    monkeypatch.setenv("CORPUSYNC_PARSE_ISOLATION", "false")  # the fault is injected in this process
     return settings
 
 
@@ -44,8 +45,8 @@ def _scrambling_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: a 'parser upgrade' that scrambles every document's characters."""
     original = parse_stage.parse_document
 
-    def broken(src: Any, max_bytes: int) -> Any:
-        doc = original(src, max_bytes)
+    def broken(src: Any, options: Any) -> Any:
+        doc = original(src, options)
         rnd = random.Random(src.sha256)
         blocks = []
         for b in doc.blocks:
@@ -56,7 +57,7 @@ def _scrambling_parser(monkeypatch: pytest.MonkeyPatch) -> None:
         return doc
 
     monkeypatch.setattr(parse_stage, "parse_document", broken)
-    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda: "scrambling-parser-2.0")
+    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda *a: "scrambling-parser-2.0")
 
 
 def _state(conn: Any) -> tuple[int, list[tuple[int, str]]]:

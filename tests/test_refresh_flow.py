@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymupdf
 import pytest
 
 from corpusync.errors import MassDeleteRefused, ModelMismatch, RollbackError, WriterBusy
@@ -118,11 +119,15 @@ def test_bad_input_is_quarantined_and_previous_version_stays_live(prefect_harnes
     data = (corpus / "paper.pdf").read_bytes()
     (corpus / "paper.pdf").write_bytes(data[: len(data) // 3])  # truncated: corrupt
     (corpus / "empty.txt").write_bytes(b"")
+    locked = pymupdf.open()
+    locked.new_page().insert_text((72, 72), "needs a password")
+    locked.save(corpus / "locked.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o")
     (corpus / "zh/DEV_0.txt").write_text("更新后的内容\n\n这是一个新的段落。", encoding="utf-8")
     summary = run(settings, corpus)
     reasons = {q["path"]: q["reason"] for q in summary["quarantined"]}
-    assert reasons.get("empty.txt") == "empty"
-    assert "paper.pdf" in reasons, summary["quarantined"]
+    assert reasons.get("empty.txt") == "empty" and reasons.get("locked.pdf") == "encrypted"
+    assert reasons.get("paper.pdf") == "corrupt", summary["quarantined"]
+    assert all(q["path"] in q["error"] or q["error"] for q in summary["quarantined"])
     assert summary["published"], "the run goes on and publishes the good change"
     state = live(conn)
     assert state["paper.pdf"] == before, "the previous good version of a quarantined document stays live"
@@ -133,6 +138,20 @@ def test_bad_input_is_quarantined_and_previous_version_stays_live(prefect_harnes
     again = run(settings, corpus)  # known-bad content is not parsed again
     assert again["status"] == "no_changes"
     assert {q["reason"] for q in again["quarantined"]} == {"still quarantined"}
+
+
+def test_parser_crash_quarantines_one_document(prefect_harness, settings, corpus: Path, conn,  # type: ignore[no-untyped-def]
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parser that segfaults (fault injection in the isolated worker) costs that file only."""
+    from tests.faults import crashing_parser
+
+    monkeypatch.setattr("corpusync.pipeline.parse_stage.parse_document", crashing_parser)
+    (corpus / "crash-me.txt").write_text("this file kills its parser")
+    summary = run(settings, corpus)
+    assert summary["published"] and summary["documents"]["new"] == 7
+    (q,) = summary["quarantined"]
+    assert q["path"] == "crash-me.txt" and q["reason"] == "crashed" and "SIGSEGV" in q["error"]
+    assert "en/Normans.md" in live(conn)
 
 
 def test_mass_delete_is_refused(prefect_harness, settings, corpus: Path, conn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
 from tasks.diff import diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
-from tasks.parse import clean_text, parse_document
+from tasks.parse import ParseOptions, clean_text, parse_document
 from tasks.publish import check_mass_delete
 
 
@@ -93,7 +93,7 @@ def test_clean_text_normalises() -> None:
 )
 def test_parse_errors_name_file_and_reason(tmp_path: Path, name: str, content: bytes, reason: str) -> None:
     with pytest.raises(ParseError) as info:
-        parse_document(_src(name, content, tmp_path), max_bytes=1 << 20)
+        parse_document(_src(name, content, tmp_path), ParseOptions(max_bytes=1 << 20))
     assert info.value.reason == reason
     assert name in str(info.value)
 
@@ -106,10 +106,10 @@ def test_parse_encrypted_and_oversized_pdf(tmp_path: Path) -> None:
     data = path.read_bytes()
     src = SourceFile("locked.pdf", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
     with pytest.raises(ParseError) as info:
-        parse_document(src, max_bytes=1 << 20)
+        parse_document(src, ParseOptions(max_bytes=1 << 20))
     assert info.value.reason == "encrypted"
     with pytest.raises(ParseError) as info:
-        parse_document(src, max_bytes=10)
+        parse_document(src, ParseOptions(max_bytes=10))
     assert info.value.reason == "oversized"
 
 
@@ -121,7 +121,8 @@ def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:
     doc.save(path)
     data = path.read_bytes()
     parsed = parse_document(
-        SourceFile("three.pdf", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest()), 1 << 20
+        SourceFile("three.pdf", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest()),
+        ParseOptions(max_bytes=1 << 20),
     )
     assert parsed.page_count == 3
     assert [b.page for b in parsed.blocks] == [1, 2, 3]
@@ -130,7 +131,7 @@ def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:
 
 def test_parse_gb18030_text(tmp_path: Path) -> None:
     text = "第十二条 付款方式 买方应在收到发票后三十日内付款。" * 3
-    parsed = parse_document(_src("gbk.txt", text.encode("gb18030"), tmp_path), 1 << 20)
+    parsed = parse_document(_src("gbk.txt", text.encode("gb18030"), tmp_path), ParseOptions(max_bytes=1 << 20))
     assert "付款方式" in parsed.blocks[0].text
 
 

@@ -1,0 +1,196 @@
+"""Parsing real documents (../shared/data/corpus): every file yields sensible text or is quarantined with a
+reason; OCR on scanned Chinese pages; running headers removed; tables as Markdown; worker isolation."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from corpusync.errors import ParseError
+from corpusync.ocr import OcrLine, lines_to_paragraphs
+from schemas.records import ParsedDocument, SourceFile
+from tasks.parse import ParseOptions, ocr_reason, parse_document, strip_running_lines
+from tasks.parse_worker import ParseWorker
+from tests.conftest import SHARED_DATA
+from tests.faults import crashing_parser
+
+CORPUS = SHARED_DATA / "corpus"
+SKIP = re.compile(r"(^|/)(SOURCE\.md|LICEN[CS]E[^/]*|README[^/]*)$|/(groundtruth|ground_truth)/")
+FILES = sorted(p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*")
+               if p.is_file() and not SKIP.search("/" + p.relative_to(CORPUS).as_posix())) if CORPUS.exists() else []
+# Quarantine reasons that are a correct verdict on some real file (not a parser failure).
+ACCEPTED_REASONS = {"unsupported-format", "legacy-format", "no-text"}
+needs_corpus = pytest.mark.skipif(not CORPUS.exists(), reason=f"{CORPUS} not present")
+
+
+def source(path: Path, rel: str | None = None) -> SourceFile:
+    data = path.read_bytes()
+    return SourceFile(rel or path.name, path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
+
+
+@pytest.fixture(scope="module")
+def worker():  # type: ignore[no-untyped-def]
+    """One isolated worker for the module (OCR models load once), as in a refresh."""
+    with ParseWorker(ParseOptions(), timeout_s=300, memory_mb=8192) as w:
+        yield w
+
+
+def text_of(doc: ParsedDocument) -> str:
+    return "\n\n".join(b.text for b in doc.blocks)
+
+
+def sensible(text: str) -> bool:
+    """Mostly letters/digits/CJK, no control characters."""
+    if any(unicodedata.category(c) == "Cc" and c not in "\n\t" for c in text):
+        return False
+    chars = [c for c in text if not c.isspace()]
+    return bool(chars) and sum(c.isalnum() for c in chars) > 0.4 * len(chars)
+
+
+@needs_corpus
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", FILES)
+def test_every_corpus_file_parses_or_is_quarantined_with_reason(worker: ParseWorker, rel: str) -> None:
+    try:
+        doc = worker.parse(source(CORPUS / rel, rel))
+    except ParseError as exc:
+        assert exc.reason in ACCEPTED_REASONS, f"{rel}: {exc}"
+        assert rel in str(exc) and exc.detail
+        return
+    text = text_of(doc)
+    assert sensible(text), f"{rel}: {text[:200]!r}"
+    assert doc.parser and doc.parser_version
+    for p in doc.metadata.get("ocr_pages", []):
+        assert p["engine"].startswith("rapidocr") and 0.0 <= p["confidence"] <= 1.0
+
+
+def _cjk(text: str) -> int:
+    return sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
+
+
+@needs_corpus
+def test_scanned_chinese_letter_and_book_pages_are_ocred(worker: ParseWorker) -> None:
+    letter = worker.parse(source(CORPUS / "pdfplumber-test-pdfs/zh/pr-136-example.pdf"))
+    pages = letter.metadata["ocr_pages"]
+    assert len(pages) == letter.page_count == 6  # the noisy embedded OCR layer was not trusted
+    assert {p["reason"] for p in pages} == {"scanned-image"}
+    text = text_of(letter)
+    assert "天健会计师事务所" in text and _cjk(text) > 1000
+    assert all(b.kind == "ocr" for b in letter.blocks) and letter.ocr_engine == "rapidocr"
+
+    book = worker.parse(source(CORPUS / "mineru-demo/pdfs/small_ocr.pdf"))
+    assert len(book.metadata["ocr_pages"]) == 8 and min(p["confidence"] for p in book.metadata["ocr_pages"]) > 0.9
+    assert "商品" in text_of(book) and _cjk(text_of(book)) > 2000
+    assert book.cleaning.get("removed_running_lines")  # running header / page numbers of the book pages
+
+
+@needs_corpus
+def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw() -> None:
+    from rapidfuzz.distance import Levenshtein
+
+    from bench.parse_quality import ground_truth_body
+
+    path = CORPUS / "py-pdf-read-benchmark/pdfs/GeoTopo-komprimiert.pdf"
+    body, n_headers = ground_truth_body((CORPUS / "py-pdf-read-benchmark/ground_truth/GeoTopo-book.txt").read_text())
+    assert n_headers > 80  # the ground truth file keeps its running headers; compare body text
+    truth = " ".join(body.split())
+    doc = parse_document(source(path), ParseOptions())
+    with pymupdf.open(path) as pdf:
+        raw = " ".join("\n".join(p.get_text() for p in pdf).split())
+    ours = " ".join(text_of(doc).split())
+    removed = doc.cleaning["removed_running_lines"]
+    assert sum(removed.values()) > 50  # page numbers and running chapter headers on most of the 117 pages
+    assert Levenshtein.normalized_similarity(ours, truth) > Levenshtein.normalized_similarity(raw, truth)
+
+
+@needs_corpus
+def test_big_docx_and_office_tables(worker: ParseWorker) -> None:
+    handbook = worker.parse(source(CORPUS / "unstructured-example-docs/handbook-872p.docx"))
+    assert len(text_of(handbook)) > 500_000 and any(b.kind == "title" for b in handbook.blocks)
+    xlsx = worker.parse(source(CORPUS / "docling-test-data/xlsx/sources/xlsx_01.xlsx"))
+    table = next(b for b in xlsx.blocks if b.kind == "table")
+    assert table.text.startswith("| first | second | third |\n|---|---|---|\n| 1 | 5 | 9 |")
+    docx = worker.parse(source(CORPUS / "unstructured-example-docs/docx-tables.docx"))
+    assert any(b.kind == "table" and "| Header Col 1 | Header Col 2 |" in b.text for b in docx.blocks)
+
+
+def test_strip_running_lines() -> None:
+    pages: list[list[tuple[str, float | None]]] = [
+        [("ACME Corp — Annual Report 2024", 0.04), (f"Body text of page {i}.", None), (f"- {i} -", 0.96)]
+        for i in range(1, 8)]
+    pages[3].insert(1, ("Definition 20", 0.09))  # in the margin band of one page only: kept
+    for i in (1, 4, 6):
+        pages[i].insert(1, (f"Definition {i}", 0.02 + 0.03 * i))  # same words, different heights: kept
+    kept, removed = strip_running_lines(pages)
+    assert kept[0] == ["Body text of page 1."] and "Definition 20" in kept[3] and "Definition 4" in kept[4]
+    assert removed["ACME Corp — Annual Report 2024"] == 7 and sum(removed.values()) == 14
+    # a short document: only lines on every page go; a page with nothing else keeps its only line
+    short = [[("Confidential", 0.03), ("one", None)], [("Confidential", 0.03), ("two", None)], [("Only", 0.03)]]
+    assert strip_running_lines(short)[0] == [["Confidential", "one"], ["Confidential", "two"], ["Only"]]
+    assert strip_running_lines(short[:2])[0] == [["one"], ["two"]]
+    # page numbers only as the top- or bottom-most block (a lone "1" inside the band may be a formula)
+    assert strip_running_lines([[("第 3 页 共 9 页", 0.97), ("正文", None)]])[0] == [["正文"]]
+    assert strip_running_lines([[("iv", 0.02), ("1", 0.05), ("text", None)]])[0] == [["1", "text"]]
+
+
+def test_ocr_reason() -> None:
+    body = "This is a perfectly normal page of text with enough words to count. " * 3
+    assert ocr_reason(body, 0.0, 0.0) is None
+    assert ocr_reason("", 0.0, 0.0) == "no-text"
+    assert ocr_reason("12", 0.9, 0.0) == "no-text"
+    assert ocr_reason("\ufffd\ufffd\ufffd \ue001\ue002 " * 10 + "ab", 0.0, 0.0) == "garbage"
+    assert ocr_reason(" ".join("Thequickbrownfoxjumpsoverthelazydog"), 0.0, 0.0) == "spaced-out"
+    assert ocr_reason(body, 0.95, 0.9) == "scanned-image"
+    assert ocr_reason(body, 0.95, 0.0) is None  # a full-page picture under real, visible text
+
+
+def test_lines_to_paragraphs_joins_chinese_without_spaces() -> None:
+    lines = [OcrLine("第十二条 付款方式 买方应在收到", 0.99, (10, 10, 300, 30)),
+             OcrLine("发票后三十日内付款。", 0.98, (10, 34, 200, 54)),
+             OcrLine("Second para-", 0.97, (10, 120, 200, 140)),
+             OcrLine("graph here", 0.97, (10, 144, 200, 164))]
+    assert lines_to_paragraphs(lines) == ["第十二条 付款方式 买方应在收到发票后三十日内付款。", "Second paragraph here"]
+
+
+def test_worker_survives_crash_hang_and_memory_hog(tmp_path: Path) -> None:
+    good = tmp_path / "good.txt"
+    good.write_text("Plain text that parses.\n\nSecond paragraph.")
+    files = {}
+    for name in ("crash.txt", "hang.txt", "hog.txt"):
+        (tmp_path / name).write_text("whatever")
+        files[name] = source(tmp_path / name)
+    with ParseWorker(ParseOptions(), timeout_s=8, memory_mb=2048, parse=crashing_parser) as w:
+        with pytest.raises(ParseError) as crash:
+            w.parse(files["crash.txt"])
+        assert crash.value.reason == "crashed" and "SIGSEGV" in crash.value.detail
+        assert text_of(w.parse(source(good))).startswith("Plain text")  # a fresh worker took over
+        with pytest.raises(ParseError) as hang:
+            w.parse(files["hang.txt"])
+        assert hang.value.reason == "timeout" and "hang.txt" in str(hang.value)
+        with pytest.raises(ParseError) as hog:
+            w.parse(files["hog.txt"])
+        assert hog.value.reason == "out-of-memory"
+        assert len(w.parse(source(good)).blocks) == 2
+        assert w.restarts == 2
+
+
+def test_encrypted_truncated_and_empty(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "secret")
+    doc.save(tmp_path / "locked.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o")
+    doc.save(tmp_path / "protected.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256, owner_pw="o",
+             permissions=pymupdf.PDF_PERM_PRINT)  # edit-protected only: opens without a password
+    (tmp_path / "empty.pdf").write_bytes(b"")
+    reasons = {}
+    for name in ("locked.pdf", "empty.pdf"):
+        with pytest.raises(ParseError) as info:
+            parse_document(source(tmp_path / name), ParseOptions())
+        reasons[name] = info.value.reason
+    assert reasons == {"locked.pdf": "encrypted", "empty.pdf": "empty"}
+    assert text_of(parse_document(source(tmp_path / "protected.pdf"), ParseOptions())) == "secret"
