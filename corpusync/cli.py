@@ -90,6 +90,7 @@ def refresh(
     from flows.refresh import refresh as refresh_flow
 
     settings = _settings()
+    _quiet_expected_failures()
     bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
     try:
         with bar.progress, progress.use(bar):
@@ -104,6 +105,31 @@ def refresh(
         _print_summary(summary)
     if summary["status"] == "refused":
         raise typer.Exit(1)
+
+
+class _ExpectedFailureFilter:
+    """Drop Prefect's ERROR records (with tracebacks) for a refusal the CLI reports itself in one line
+    (gate failed, mass delete, model mismatch, ...); unexpected exceptions keep their tracebacks."""
+
+    def filter(self, record: Any) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, CorpusyncError):
+            return False
+        return not any(f"{name}(" in str(record.getMessage()) or f"{name}:" in str(record.getMessage())
+                       for name in _corpusync_error_names())
+
+
+def _corpusync_error_names() -> list[str]:
+    from corpusync import errors
+
+    return [n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, CorpusyncError)]
+
+
+def _quiet_expected_failures() -> None:
+    import logging
+
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).addFilter(_ExpectedFailureFilter())
 
 
 def _print_summary(s: dict[str, Any]) -> None:
