@@ -162,15 +162,21 @@ def _print_summary(s: dict[str, Any]) -> None:
 def query(
     text: Annotated[str, typer.Argument(help="What to look for (Chinese or English).")],
     k: Annotated[int, typer.Option("-k", help="Number of hits.")] = 5,
-    mode: Annotated[str, typer.Option(help="hybrid, dense or lexical.")] = "hybrid",
+    mode: Annotated[str, typer.Option(help="hybrid, dense, lexical or sparse (bge-m3).")] = "hybrid",
+    filters: Annotated[list[str] | None, typer.Option(
+        "--filter", "-f", help="KEY=VALUE, repeatable: path (prefix), glob, type, chunk_type, modified_after, "
+        "modified_before, or any metadata key (year=2024, region=East).")] = None,
+    rerank: Annotated[bool, typer.Option(help="Re-order with the configured cross-encoder reranker.")] = False,
     generation: Annotated[int | None, typer.Option(help="Query this generation instead of the published one.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print hits as JSON.")] = False,
 ) -> None:
-    """Search the published generation; every hit carries its citation (source, page, span)."""
+    """Search the published generation; every hit carries its citation (source, page, span, section)."""
     from query.search import search
 
     try:
-        hits = search(_settings(), text, k=k, mode=mode, generation=generation)  # type: ignore[arg-type]
+        parsed = _parse_filters(filters or [])
+        hits = search(_settings(), text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
+                      filters=parsed, rerank=rerank)
     except CorpusyncError as exc:
         _fail(exc)
         return
@@ -179,11 +185,57 @@ def query(
         return
     if not hits:
         typer.echo("no hits")
-    width = shutil.get_terminal_size((100, 20)).columns
+        return
+    _print_hits(text, hits)
+
+
+def _parse_filters(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CorpusyncError(f"--filter {item!r}: expected KEY=VALUE (e.g. type=pdf, year=2024)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _print_hits(text: str, hits: Any) -> None:
+    """A table: rank, score, source:page, section, snippet with the query's terms highlighted."""
+    import re
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from corpusync.lexical import query_terms
+
+    terms = sorted({t for t in query_terms(text) if len(t) > 1}, key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE) if terms else None
+    table = Table(show_lines=False, expand=True)
+    table.add_column("#", justify="right")
+    table.add_column("score")
+    table.add_column("source", overflow="fold", max_width=36)
+    table.add_column("section", overflow="fold", max_width=28)
+    table.add_column("text", ratio=1, min_width=40)
     for h in hits:
-        typer.secho(f"{h.rank:>2}. {h.score:.4f}  {h.citation}", bold=True)
         snippet = " ".join(h.text.split())
-        typer.echo("    " + (snippet[: max(width - 8, 40)] + ("…" if len(snippet) > width - 8 else "")))
+        if pattern and (m := pattern.search(snippet)) and m.start() > 60:
+            snippet = "…" + snippet[m.start() - 40:]
+        cell = Text(snippet[:240] + ("…" if len(snippet) > 240 else ""))
+        if pattern:
+            cell.highlight_regex(pattern, "bold yellow")
+        page = f":p{h.page_start}" if h.page_start else ""
+        score = f"{h.rerank_score:.3f}r" if h.rerank_score is not None else f"{h.score:.4f}"
+        table.add_row(str(h.rank), score, f"{h.source}{page}", " > ".join(h.section_path)[-60:], cell)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@app.command()
+def segment(text: Annotated[str, typer.Argument(help="Text to segment.")]) -> None:
+    """Print TEXT as the index segments it (jieba for Chinese): paste it into corpusync.search_text()."""
+    from corpusync.lexical import query_terms
+
+    typer.echo(" ".join(query_terms(text)))
 
 
 @app.command("eval")

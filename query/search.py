@@ -1,22 +1,27 @@
-"""Hybrid search (dense + lexical, RRF) over one generation; every hit carries its citation."""
+"""Hybrid search (dense + lexical + sparse, weighted RRF, optional rerank) over one generation, with
+filters applied inside every channel; every hit carries its citation and lineage."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import psycopg
-from pgvector import HalfVector
+from pgvector import HalfVector, SparseVector
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from corpusync import db, lexical
 from corpusync.embedders import Embedder, build_embedder
 from corpusync.errors import CorpusyncError, ModelMismatch
 from schemas.settings import Settings
 
-Mode = Literal["hybrid", "dense", "lexical"]
-_WEIGHTS: dict[str, tuple[float, float]] = {"hybrid": (1.0, 1.0), "dense": (1.0, 0.0), "lexical": (0.0, 1.0)}
+Mode = Literal["hybrid", "dense", "lexical", "sparse"]
+MODES = ("hybrid", "dense", "lexical", "sparse")
+log = logging.getLogger("corpusync.query")
 
 
 @dataclass
@@ -42,6 +47,11 @@ class Hit:
     dense_score: float | None
     lexical_rank: int | None
     lexical_score: float | None
+    sparse_rank: int | None = None
+    sparse_score: float | None = None
+    model_id: int | None = None
+    rerank_score: float | None = None
+    fused_rank: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,11 +106,16 @@ class Searcher:
         return state
 
     def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
-               query_vector: Sequence[float] | None = None) -> list[Hit]:
-        """Top-k hits of one generation. `query_vector`: the text's embedding when the caller already has
-        it (evaluation embeds all questions in one batch)."""
-        if mode not in _WEIGHTS:
-            raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(_WEIGHTS)}")
+               query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
+               rerank: bool = False) -> list[Hit]:
+        """Top-k hits of one generation (the published one unless given), each channel filtered.
+
+        `query_vector`: the text's embedding when the caller already has it (evaluation embeds all
+        questions in one batch). `filters`: see `build_filter`. `rerank`: re-order the fused top
+        candidates with the configured cross-encoder (skipped, with a warning, when none is configured).
+        """
+        if mode not in MODES:
+            raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
         if k <= 0:
             return []
         state = self._index_model(generation)
@@ -110,23 +125,95 @@ class Searcher:
                 f"the index was embedded with {state['model_name']} ({state['dimension']}-d) but queries are "
                 f"configured with {identity.label}; configure the same model to query this index"
             )
-        w_dense, w_lex = _WEIGHTS[mode]
-        if w_dense <= 0:
-            qvec: Any = [0.0] * identity.dimension
-        else:
-            qvec = query_vector if query_vector is not None else self.embedder.embed([text]).dense[0]
+        if mode == "sparse" and not identity.sparse_trained:
+            raise CorpusyncError(
+                f"sparse retrieval needs a model with trained sparse weights (bge-m3); {identity.label} has none. "
+                "Use --mode lexical for keyword search."
+            )
+        w = self.settings.rrf_weights
+        use = {"dense": mode in ("dense", "hybrid"), "lexical": mode in ("lexical", "hybrid"),
+               "sparse": mode in ("sparse", "hybrid") and identity.sparse_trained}
+        qvec = qsparse = None
+        out = self.embedder.embed([text]) if (use["dense"] and query_vector is None) or use["sparse"] else None
+        if use["dense"]:
+            qvec = HalfVector(list(query_vector) if query_vector is not None else out.dense[0])  # type: ignore[union-attr]
+        if use["sparse"] and out is not None and out.sparse and identity.sparse_dim:
+            qsparse = SparseVector(out.sparse[0], identity.sparse_dim)
+        pool = max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
-            "generation": generation, "qvec": HalfVector(qvec), "qtext": " ".join(lexical.query_terms(text)),
-            "w_dense": w_dense, "w_lex": w_lex, "rrf_k": float(self.settings.rrf_k),
-            "pool": max(self.settings.candidate_pool, k), "k": k,
+            "qtext": " ".join(lexical.query_terms(text)), "qvec": qvec, "qsparse": qsparse,
+            "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)), "generation": generation,
+            "w_dense": w.get("dense", 1.0) if use["dense"] else 0.0,
+            "w_lex": w.get("lexical", 1.0) if use["lexical"] else 0.0,
+            "w_sparse": w.get("sparse", 1.0) if use["sparse"] else 0.0,
+            "rrf_k": float(self.settings.rrf_k), "pool": pool,
         }
-        with self.conn.transaction():
-            self.conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            self.conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
-                sql.Literal(max(self.settings.hnsw_ef_search, k))))
-            rows = db.fetch_all(self.conn, "search_hybrid", params, dim=sql.Literal(int(state["dimension"])),
-                                model_id=sql.Literal(int(state["model_id"])))
-        return [_hit(i, r) for i, r in enumerate(rows, start=1)]
+        try:
+            with self.conn.transaction():
+                self.conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
+                    sql.Literal(max(self.settings.hnsw_ef_search, pool))))
+                rows = db.fetch_all(self.conn, "search", params)
+        except psycopg.errors.RaiseException as exc:  # the SQL function's own, user-facing errors
+            raise CorpusyncError(str(exc.diag.message_primary or exc)) from None
+        except psycopg.errors.InvalidDatetimeFormat as exc:
+            raise CorpusyncError(f"bad date in filter: {exc.diag.message_primary}") from None
+        hits = [_hit(i, r) for i, r in enumerate(rows, start=1)]
+        if rerank:
+            hits = self._rerank(text, hits)[:k]
+        return hits
+
+    def _rerank(self, text: str, hits: list[Hit]) -> list[Hit]:
+        from corpusync.rerank import build_reranker
+
+        reranker = build_reranker(self.settings)
+        if reranker is None or not hits:
+            if reranker is None:
+                log.warning("rerank skipped: no reranker configured (set CORPUSYNC_RERANKER_PATH to a local "
+                            "bge-reranker directory)")
+            return hits
+        scores = reranker.score(text, [h.text for h in hits])
+        order = sorted(range(len(hits)), key=lambda i: (-scores[i], hits[i].rank))
+        out = []
+        for new_rank, i in enumerate(order, start=1):
+            h = hits[i]
+            h.rerank_score, h.fused_rank, h.rank = float(scores[i]), h.rank, new_rank
+            out.append(h)
+        return out
+
+
+_FILTER_KEYS = {"path", "glob", "type", "chunk_type", "modified_after", "modified_before"}
+
+
+def build_filter(filters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """User filters -> the jsonb filter of corpusync.search_hybrid.
+
+    path (prefix), glob ("contracts/**/*.pdf"), type (extension or media type), chunk_type (text, table,
+    ocr), modified_after / modified_before (ISO dates); any other key matches the document's metadata
+    (jsonb containment: sidecar `FILE.meta.json` fields, `lang`, ...). String values that are JSON
+    numbers/booleans/lists are matched as such ("year=2024" matches {"year": 2024}).
+    """
+    out: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for key, value in (filters or {}).items():
+        if key in _FILTER_KEYS:
+            out[key] = str(value).replace("**", "*") if key == "glob" else str(value)
+        elif key == "metadata" and isinstance(value, Mapping):
+            meta.update(value)
+        else:
+            meta[key] = _json_value(value)
+    if meta:
+        out["metadata"] = meta
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if isinstance(parsed, int | float | bool | list) else value
 
 
 def _hit(rank: int, r: dict[str, Any]) -> Hit:
@@ -137,6 +224,7 @@ def _hit(rank: int, r: dict[str, Any]) -> Hit:
         document_id=r["document_id"], version_id=r["version_id"], content_sha256=r["content_sha256"],
         parser=r["parser"], run_id=r["run_id"], generation=r["generation"], dense_rank=r["dense_rank"],
         dense_score=_f(r["dense_score"]), lexical_rank=r["lexical_rank"], lexical_score=_f(r["lexical_score"]),
+        sparse_rank=r["sparse_rank"], sparse_score=_f(r["sparse_score"]), model_id=r["model_id"],
     )
 
 
@@ -144,12 +232,13 @@ def _f(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
-def search(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid",
-           generation: int | None = None, conn: psycopg.Connection | None = None) -> Sequence[Hit]:
+def search(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
+           conn: psycopg.Connection | None = None, filters: Mapping[str, Any] | None = None,
+           rerank: bool = False) -> Sequence[Hit]:
     """One-shot search (opens and closes its own connection unless one is given)."""
     if conn is not None:
-        return Searcher(settings, conn).search(text, k, mode, generation)
+        return Searcher(settings, conn).search(text, k, mode, generation, filters=filters, rerank=rerank)
     from corpusync.runtime import open_database
 
     with open_database(settings) as c:
-        return Searcher(settings, c).search(text, k, mode, generation)
+        return Searcher(settings, c).search(text, k, mode, generation, filters=filters, rerank=rerank)

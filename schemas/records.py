@@ -23,6 +23,7 @@ class SourceFile:
     size: int
     mtime: datetime
     sha256: str
+    meta_json: str = ""  # user metadata from a sidecar FILE.meta.json (canonical JSON), part of sha256
 
 
 @dataclass(frozen=True, slots=True)

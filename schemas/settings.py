@@ -129,6 +129,16 @@ class Settings(BaseSettings):
 
     # --- query -----------------------------------------------------------------------------------
     rrf_k: int = Field(60, gt=0, description="Reciprocal rank fusion constant.")
+    rrf_weights: dict[str, float] = Field(
+        default_factory=lambda: {"dense": 1.0, "lexical": 1.0, "sparse": 1.0},
+        description="Per-channel weight in hybrid fusion (score = sum of weight / (rrf_k + rank)).",
+    )
+    reranker_path: Path | None = Field(
+        None,
+        description="Local directory of a FlagEmbedding cross-encoder reranker (e.g. BAAI/bge-reranker-v2-m3) "
+        "used by --rerank. Unset: rerank requests are skipped with a warning.",
+    )
+    rerank_candidates: int = Field(50, gt=0, description="How many fused hits the reranker re-orders.")
     hnsw_ef_search: int = Field(100, gt=0, description="pgvector hnsw.ef_search for dense/sparse queries.")
     candidate_pool: int = Field(
         50, gt=0, description="How many candidates each channel contributes before fusion."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -13,6 +14,17 @@ from corpusync.errors import ConfigError
 from schemas.records import QuarantineRecord, SourceFile
 
 _HASH_BLOCK = 1 << 20
+# Metadata for FILE lives in FILE.meta.json: a JSON object, stored with the document version and
+# filterable at query time (--filter region=East). Editing it makes a new version.
+SIDECAR = ".meta.json"
+
+
+def _sidecar(path: Path) -> str:
+    """Canonical JSON of FILE.meta.json (raises ValueError with the reason when it is not a JSON object)."""
+    data = json.loads(path.with_name(path.name + SIDECAR).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("must be a JSON object")
+    return json.dumps(data, sort_keys=True, ensure_ascii=False)
 
 
 def sha256_file(path: Path) -> str:
@@ -54,7 +66,10 @@ def discover(
     problems: list[QuarantineRecord] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
+        names = set(filenames)
         for name in sorted(filenames):
+            if name.endswith(SIDECAR) and name[: -len(SIDECAR)] in names:
+                continue  # the metadata of its neighbour, not a document
             abs_path = Path(dirpath) / name
             rel = abs_path.relative_to(root).as_posix()
             if not _matches(rel, include) or _matches(rel, exclude):
@@ -64,9 +79,15 @@ def discover(
                 if not abs_path.is_file():
                     continue
                 digest = sha256_file(abs_path)
+                meta = _sidecar(abs_path) if name + SIDECAR in names else ""
             except OSError as exc:
                 problems.append(QuarantineRecord(rel, "discover", "unreadable", f"{type(exc).__name__}: {exc}"))
                 continue
+            except ValueError as exc:
+                problems.append(QuarantineRecord(rel, "discover", "bad-metadata", f"{name}{SIDECAR}: {exc}"))
+                continue
+            if meta:
+                digest = hashlib.sha256(f"{digest}:{meta}".encode()).hexdigest()
             files.append(
                 SourceFile(
                     path=rel,
@@ -74,6 +95,7 @@ def discover(
                     size=st.st_size,
                     mtime=datetime.fromtimestamp(st.st_mtime, tz=UTC),
                     sha256=digest,
+                    meta_json=meta,
                 )
             )
             if on_file:

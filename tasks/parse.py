@@ -10,6 +10,7 @@ table keeps.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections import Counter
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 from schemas.records import Block, BlockKind, ParsedDocument, SourceFile
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "2"
+PARSE_LOGIC_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -622,4 +623,31 @@ def parse_document(src: SourceFile, options: ParseOptions) -> ParsedDocument:
         raise ParseError(src.path, "parser-error", f"{type(exc).__name__}: {exc}") from exc
     if not any(b.text.strip() for b in doc.blocks):
         raise ParseError(src.path, "empty", "no text after parsing and cleaning")
+    doc.metadata.setdefault("lang", detect_script(" ".join(b.text for b in doc.blocks[:200])))
+    if src.meta_json:
+        doc.metadata.update(json.loads(src.meta_json))  # the user's sidecar metadata wins
     return doc
+
+
+_SCRIPTS = (("zh", "\u4e00", "\u9fff"), ("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"),
+            ("ar", "\u0600", "\u06ff"), ("ru", "\u0400", "\u04ff"))
+
+
+def detect_script(text: str) -> str:
+    """A coarse language tag from the writing system ('zh', 'ja', 'ko', 'ar', 'ru', else 'latin'), for
+    filtering; kana beats Han (Japanese mixes both)."""
+    counts = {tag: 0 for tag, _, _ in _SCRIPTS}
+    letters = 0
+    for ch in text[:20000]:
+        if ch.isalpha():
+            letters += 1
+            for tag, lo, hi in _SCRIPTS:
+                if lo <= ch <= hi:
+                    counts[tag] += 1
+                    break
+    if not letters:
+        return "und"
+    if counts["ja"] > 0.05 * letters:
+        return "ja"
+    tag, n = max(counts.items(), key=lambda kv: kv[1])
+    return tag if n > 0.3 * letters else "latin"
