@@ -145,3 +145,42 @@ def test_rerank_without_a_reranker_is_skipped_with_a_warning(indexed, conn, embe
     with caplog.at_level(logging.WARNING, logger="corpusync.query"):
         hits = s.search("Normans", k=3, rerank=True)
     assert "rerank skipped" in caplog.text and len(hits) == 3 and hits[0].rerank_score is None
+
+
+@pytest.mark.db
+def test_sparse_channel_in_sql(conn) -> None:  # type: ignore[no-untyped-def]
+    """The sparse channel of corpusync.search_hybrid (BGE-M3 weights are not available offline here, so the
+    rows are written directly: a 4-d dense + 16-d sparse model, three chunks with known inner products)."""
+    from pgvector import SparseVector
+
+    from corpusync.embedders import ModelIdentity
+    from tasks.load import register_model
+
+    mid = register_model(conn, ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512))
+    index = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (f"chunks_sparse_m{mid}",))
+    assert index.fetchone()[0] == 1
+    run = conn.execute("INSERT INTO corpusync.runs (kind) VALUES ('refresh') RETURNING id").fetchone()[0]
+    conn.execute("INSERT INTO corpusync.generations (generation, run_id, model_id, status) VALUES (1, %s, %s, "
+                 "'published')", (run, mid))
+    conn.execute("UPDATE corpusync.index_state SET published_generation = 1, model_id = %s", (mid,))
+    weights = {"a.md": {1: 0.9, 5: 0.1}, "b.md": {1: 0.3, 7: 0.8}, "c.md": {9: 1.0}}
+    for path, sparse in weights.items():
+        doc = conn.execute("INSERT INTO corpusync.documents (path) VALUES (%s) RETURNING id", (path,)).fetchone()[0]
+        ver = conn.execute(
+            "INSERT INTO corpusync.document_versions (document_id, content_sha256, size_bytes, source_path, "
+            "parser, pipeline_fingerprint, model_id, run_id, gen_from) VALUES (%s, %s, 1, %s, 'text', 'fp', %s, %s, 1) "
+            "RETURNING id", (doc, path, path, mid, run)).fetchone()[0]
+        conn.execute(
+            "INSERT INTO corpusync.chunks (version_id, document_id, ordinal, chunk_key, text, text_sha256, "
+            "token_count, char_start, char_end, model_id, dense, sparse, search_text, run_id, gen_from) VALUES "
+            "(%s, %s, 0, %s, %s, %s, 3, 0, 3, %s, %s, %s, %s, %s, 1)",
+            (ver, doc, path, f"text of {path}", path, mid, HalfVector([1, 0, 0, 0]), SparseVector(sparse, 16),
+             "text", run))
+    q = SparseVector({1: 1.0, 7: 0.5}, 16)  # inner products: a 0.9, b 0.7, c 0
+    rows = conn.execute("SELECT source, sparse_rank, round(sparse_score::numeric, 3), dense_rank FROM "
+                        "corpusync.search_hybrid('', NULL, %s, 3, '{}', NULL, 0, 0, 1)", (q,)).fetchall()
+    assert [(r[0], r[1], float(r[2])) for r in rows[:2]] == [("a.md", 1, 0.9), ("b.md", 2, 0.7)]
+    assert all(r[3] is None for r in rows)  # dense channel off
+    filtered = conn.execute("SELECT source FROM corpusync.search_hybrid('', NULL, %s, 3, %s::jsonb, NULL, 0, 0, 1)",
+                            (q, '{"path": "b"}')).fetchall()
+    assert filtered == [("b.md",)]
