@@ -34,7 +34,8 @@ log = logging.getLogger("corpusync.refresh")
 
 def chunk_config(ctx: RefreshContext) -> chunk_stage.ChunkConfig:
     budget = min(ctx.settings.chunk_max_tokens, ctx.embedder.identity.max_tokens)
-    return chunk_stage.ChunkConfig(max_tokens=budget, overlap=ctx.settings.chunk_overlap)
+    return chunk_stage.ChunkConfig(max_tokens=budget, overlap=ctx.settings.chunk_overlap,
+                                   strategy=ctx.settings.chunk_strategy)
 
 
 def pipeline_fingerprint(ctx: RefreshContext) -> str:
@@ -157,6 +158,28 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
     ctx.summary.chunks.embedded = stats.embedded
     ctx.summary.chunks.reused = stats.reused + stats.deduplicated
     return embedded
+
+
+def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]) -> tuple[list[EmbeddedDocument], str]:
+    """great-expectations suite over the batch; a document with a failing chunk is quarantined, the rest
+    load. Returns the documents to load and the suite's Markdown report."""
+    if not embedded or not ctx.settings.validate_chunks:
+        return embedded, ""
+    from tasks.validate import Thresholds, validate_chunks
+
+    identity = ctx.embedder.identity
+    with ctx.timed("validate"):
+        outcome = validate_chunks(embedded, Thresholds(
+            max_tokens=chunk_config(ctx).max_tokens, dimension=identity.dimension, normalized=identity.normalized,
+            norm_tolerance=ctx.settings.validate_norm_tolerance, min_ocr_confidence=ctx.settings.ocr_min_confidence,
+        ))
+    failed = [QuarantineRecord(ed.doc.parsed.source.path, "validate", "data-quality",
+                               "failed expectations: " + ", ".join(outcome.failures[ed.doc.parsed.source.path]),
+                               ed.doc.parsed.source.sha256)
+              for ed in embedded if ed.doc.parsed.source.path in outcome.failures]
+    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
+    ctx.summary.validation = {"expectations": outcome.results, "quarantined": sorted(outcome.failures)}
+    return outcome.passed, outcome.markdown()
 
 
 def step_load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:

@@ -172,7 +172,7 @@ def _finish(ctx: RefreshContext, status: str, message: str) -> None:
             ctx.conn.rollback()
     counts: dict[str, Any] = {"documents": s.documents.model_dump(), "chunks": s.chunks.model_dump(),
                               "quarantined": s.quarantined, "renamed": s.renamed,
-                              "evaluation": s.evaluation}
+                              "evaluation": s.evaluation, "validation": s.validation}
     with ctx.conn.transaction():
         db.execute(ctx.conn, "finish_run", {
             "run_id": ctx.run_id, "status": status, "generation": s.generation, "published": s.published,

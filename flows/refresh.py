@@ -1,4 +1,5 @@
-"""The refresh flow: discover -> diff -> parse -> chunk -> embed -> load -> evaluate -> publish -> prune.
+"""The refresh flow: discover -> diff -> parse -> chunk -> embed -> validate -> load -> evaluate -> publish
+-> prune.
 
 Run it as `corpusync refresh PATH`, `python -m flows.refresh PATH`, or as a Prefect deployment
 (prefect.yaml).
@@ -38,7 +39,7 @@ def refresh(
         plan = t.diff(ctx, found)
         parsed = t.parse(ctx, plan)
         chunked = t.chunk(ctx, parsed, plan)
-        embedded = t.embed(ctx, chunked)
+        embedded = t.validate(ctx, t.embed(ctx, chunked))
         generation = t.load(ctx, embedded, plan)
         t.evaluate(ctx, generation)
         t.publish(ctx, generation)

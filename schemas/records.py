@@ -124,6 +124,9 @@ class Chunk:
     page_end: int | None
     section_path: tuple[str, ...] = ()
     chunk_type: str = "text"
+    # Text prepended to the span (a table's header row repeated in each piece of a split table):
+    # text == prefix + document_text[char_start:char_end].
+    prefix: str = ""
 
 
 @dataclass(slots=True)
@@ -175,6 +178,9 @@ class RunSummary(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     model: str = ""
     message: str = ""
+    validation: dict[str, Any] = Field(
+        default_factory=dict, description="The chunk data-quality suite's results (great-expectations)."
+    )
     evaluation: list[dict[str, Any]] = Field(
         default_factory=list, description="Gold-set evaluations of the candidate and the gate's verdict."
     )

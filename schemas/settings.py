@@ -67,8 +67,20 @@ class Settings(BaseSettings):
         description="Token budget of one chunk, counted with the embedding model's tokenizer (capped at "
         "the model's maximum sequence length).",
     )
+    chunk_strategy: Literal["structure", "fixed"] = Field(
+        "structure",
+        description="'structure': headings, legal articles (第X条), numbered clauses and tables first, then "
+        "sentences; 'fixed': token windows blind to structure (a baseline for comparisons).",
+    )
     chunk_overlap: float = Field(
         0.12, ge=0.0, le=0.3, description="Share of the budget repeated between neighbouring chunks."
+    )
+
+    validate_chunks: bool = Field(
+        True, description="Run the great-expectations chunk suite before load (failing documents are quarantined)."
+    )
+    validate_norm_tolerance: float = Field(
+        0.01, gt=0, description="Allowed deviation of a normalised model's vector norms from 1."
     )
 
     # --- parsing ---------------------------------------------------------------------------------
@@ -219,6 +231,7 @@ class Settings(BaseSettings):
                 "embed_batch_tokens",
                 "sparse_top_k",
                 "chunk_max_tokens",
+                "chunk_strategy",
                 "chunk_overlap",
                 "max_file_bytes",
                 "ocr_engine",

@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 from pgvector import HalfVector, SparseVector
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from corpusync import db, lexical
 from corpusync.embedders import ModelIdentity
@@ -23,7 +24,7 @@ from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
 Vectors = tuple[np.ndarray, dict[int, float] | None]
 
 _COPY_TYPES = ["int8", "int8", "int4", "text", "text", "text", "int4", "int4", "int4", "int4", "int4",
-               "text[]", "text", "int4", "halfvec", "sparsevec", "text", "int8", "int4"]
+               "text[]", "text", "jsonb", "int4", "halfvec", "sparsevec", "text", "int8", "int4"]
 
 
 def recover(conn: psycopg.Connection, run_id: int) -> dict[str, int]:
@@ -167,7 +168,8 @@ def load_documents(
                     rows.append([
                         version_id, document_id, c.ordinal, c.key, c.text, c.text_sha256, c.token_count,
                         c.page_start, c.page_end, c.char_start, c.char_end, list(c.section_path),
-                        c.chunk_type, model_id, HalfVector(ed.dense[i]), sparse,
+                        c.chunk_type, Jsonb({"prefix_chars": len(c.prefix)} if c.prefix else {}), model_id,
+                        HalfVector(ed.dense[i]), sparse,
                         lexical.index_text(c.text), run_id, generation,
                     ])
             with conn.cursor() as cur, cur.copy(db.q("copy_chunks")) as copy:

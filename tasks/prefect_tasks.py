@@ -37,6 +37,14 @@ def embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedD
     return pipeline.step_embed(ctx, chunked)
 
 
+@task(name="validate", cache_policy=NO_CACHE)
+def validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]) -> list[EmbeddedDocument]:
+    passed, report = pipeline.step_validate(ctx, embedded)
+    if report:
+        create_markdown_artifact(report, key="corpusync-validation", description="Chunk data-quality suite")
+    return passed
+
+
 @task(name="load", cache_policy=NO_CACHE)
 def load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:
     return pipeline.step_load(ctx, embedded, plan)
