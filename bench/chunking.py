@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults  # noqa: E402
+from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
 

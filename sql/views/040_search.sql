@@ -5,24 +5,25 @@ DROP FUNCTION IF EXISTS corpusync.search_text(text, integer, jsonb) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.search_hybrid(text, halfvec, sparsevec, integer, jsonb, integer, double precision,
                                                 double precision, double precision, double precision, integer) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, text) CASCADE;
+DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.lexical_query(text) CASCADE;
 
 CREATE FUNCTION corpusync.matches_filter(f jsonb, path text, media_type text, mtime timestamptz,
-                                         metadata jsonb, chunk_type text)
+                                         metadata jsonb)
 RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT (f ->> 'path' IS NULL OR starts_with(path, f ->> 'path'))
        AND (f ->> 'glob' IS NULL OR path LIKE replace(replace(replace(replace(replace(
                 f ->> 'glob', '\', '\\'), '%', '\%'), '_', '\_'), '*', '%'), '?', '_'))
        AND (f ->> 'type' IS NULL OR lower(right(path, length(f ->> 'type') + 1)) = '.' || lower(f ->> 'type')
             OR media_type = f ->> 'type')
-       AND (f ->> 'chunk_type' IS NULL OR chunk_type = f ->> 'chunk_type')
        AND (f ->> 'modified_after' IS NULL OR mtime >= (f ->> 'modified_after')::timestamptz)
        AND (f ->> 'modified_before' IS NULL OR mtime < (f ->> 'modified_before')::timestamptz)
        AND (f -> 'metadata' IS NULL OR metadata @> (f -> 'metadata'))
 $$;
-COMMENT ON FUNCTION corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, text) IS
-  'Search filter: {"path": prefix, "glob": "contracts/*.pdf", "type": "pdf", "chunk_type": "table", '
-  '"modified_after"/"modified_before": timestamp, "metadata": {jsonb containment}}.';
+COMMENT ON FUNCTION corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb) IS
+  'Document-level search filter: {"path": prefix, "glob": "contracts/*.pdf", "type": "pdf", '
+  '"modified_after"/"modified_before": timestamp, "metadata": {jsonb containment}} ("chunk_type" is '
+  'checked per chunk by search_hybrid).';
 
 CREATE FUNCTION corpusync.lexical_query(q text) RETURNS tsquery LANGUAGE sql IMMUTABLE AS $$
     -- any of the query's tokens (OR), ranked by ts_rank_cd; CJK text must be segmented (space-separated
@@ -83,34 +84,38 @@ BEGIN
         sparse_cte := format($s$
         SELECT id, row_number() OVER (ORDER BY ip, id) AS rnk, -ip AS score FROM (
             SELECT c.id, c.sparse::sparsevec(%1$s) <#> $3::sparsevec(%1$s) AS ip
-            FROM corpusync.chunks c JOIN live ON live.id = c.version_id
+            FROM corpusync.chunks c
             WHERE $9 > 0 AND $3 IS NOT NULL AND c.model_id = %2$s AND c.sparse IS NOT NULL
-              AND corpusync.matches_filter($5, live.path, live.media_type, live.mtime, live.metadata, c.chunk_type)
+              AND c.version_id IN (SELECT id FROM live)
+              AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
             ORDER BY c.sparse::sparsevec(%1$s) <#> $3::sparsevec(%1$s)
             LIMIT $11) s$s$, sdim, mid);
     END IF;
     RETURN QUERY EXECUTE format($q$
-    WITH live AS (
-        SELECT v.id, d.path, v.media_type, v.mtime, v.metadata
+    WITH live AS (  -- visible versions that pass the document-level filter (a hashed lookup per chunk below)
+        SELECT v.id
         FROM corpusync.document_versions v JOIN corpusync.documents d ON d.id = v.document_id
         WHERE corpusync.visible_in(v.gen_from, v.gen_to, $6)
+          AND corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata)
     ),
     dense AS (
         SELECT id, row_number() OVER (ORDER BY distance, id) AS rnk, 1 - distance AS score FROM (
             SELECT c.id, c.dense::halfvec(%1$s) <=> $2::halfvec(%1$s) AS distance
-            FROM corpusync.chunks c JOIN live ON live.id = c.version_id
+            FROM corpusync.chunks c
             WHERE $7 > 0 AND $2 IS NOT NULL AND c.model_id = %2$s
-              AND corpusync.matches_filter($5, live.path, live.media_type, live.mtime, live.metadata, c.chunk_type)
+              AND c.version_id IN (SELECT id FROM live)
+              AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
             ORDER BY c.dense::halfvec(%1$s) <=> $2::halfvec(%1$s)
             LIMIT $11) d
     ),
     lexical AS (
         SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rnk, score FROM (
             SELECT c.id, ts_rank_cd(c.tsv, corpusync.lexical_query($1), 1)::float8 AS score
-            FROM corpusync.chunks c JOIN live ON live.id = c.version_id
+            FROM corpusync.chunks c
             WHERE $8 > 0 AND corpusync.lexical_query($1) IS NOT NULL AND c.tsv @@ corpusync.lexical_query($1)
               AND c.model_id = %2$s
-              AND corpusync.matches_filter($5, live.path, live.media_type, live.mtime, live.metadata, c.chunk_type)
+              AND c.version_id IN (SELECT id FROM live)
+              AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
             ORDER BY score DESC, c.id
             LIMIT $11) l
     ),
