@@ -14,7 +14,7 @@ import json
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 from schemas.records import Block, BlockKind, ParsedDocument, SourceFile
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "3"
+PARSE_LOGIC_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -389,6 +389,46 @@ def _inside(b: tuple[float, ...], box: tuple[float, ...]) -> bool:
     return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
 
 
+def _page_blocks(page: Any) -> list[tuple[tuple[float, float, float, float], str, float]]:
+    """Text blocks of a page in PyMuPDF's order: bbox, text (lines joined by newlines) and the font size
+    that covers most of its characters."""
+    out = []
+    for b in page.get_text("dict", flags=0)["blocks"]:
+        if b.get("type") != 0:
+            continue
+        lines: list[str] = []
+        by_size: Counter[float] = Counter()
+        for line in b["lines"]:
+            lines.append("".join(span["text"] for span in line["spans"]))
+            for span in line["spans"]:
+                by_size[round(span["size"], 1)] += len(span["text"].strip())
+        text = "\n".join(lines)
+        if text.strip():
+            out.append((tuple(b["bbox"]), text, by_size.most_common(1)[0][0] if by_size else 0.0))
+    return out
+
+
+def looks_like_heading(text: str) -> bool:
+    """Short, at most 3 lines, has letters, and does not read as a sentence (no sentence punctuation at the
+    end or inside: a paragraph typeset large is not a heading)."""
+    cjk = sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
+    return (len(text) <= (32 if cjk > len(text) / 2 else 120) and text.count("\n") <= 2
+            and sum(c.isalpha() for c in text) >= 2 and not re.search(r"[。！？；;,，、:：]$|[。；！？，,]", text))
+
+
+def heading_levels(body_sizes: Counter[float], block_sizes: Iterable[float], ratio: float = 1.15,
+                   max_levels: int = 4) -> dict[float, int]:
+    """Font sizes clearly larger than the body text's (the size covering most characters) -> heading level
+    (largest = 1), at most `max_levels` distinct sizes; sizes used by too much text are not headings."""
+    if not body_sizes:
+        return {}
+    body = body_sizes.most_common(1)[0][0]
+    total = sum(body_sizes.values())
+    big = sorted({round(x, 1) for x in block_sizes if x >= body * ratio and body_sizes[round(x, 1)] < 0.2 * total},
+                 reverse=True)
+    return {size: level for level, size in enumerate(big[:max_levels], start=1)}
+
+
 def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDocument:
     import pymupdf
 
@@ -410,12 +450,17 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         ocr_pages: list[dict] = []
         skipped_ocr: list[int] = []
         ocr_done: set[int] = set()
+        sizes: dict[tuple[int, str], float] = {}  # (page index, block text) -> font size
+        body_sizes: Counter[float] = Counter()
         try:
             for page in doc.pages():
                 number = page.number + 1
                 h = page.rect.height or 1.0
-                raw = page.get_text("blocks")
-                text_blocks = [(b[:4], b[4]) for b in raw if b[6] == 0]
+                text_blocks = []
+                for bb, t, size in _page_blocks(page):
+                    text_blocks.append((bb, t))
+                    sizes[(page.number, t.strip())] = size
+                    body_sizes[round(size, 1)] += len(t)
                 full = "\n".join(t for _, t in text_blocks)
                 cover = _image_cover(page)
                 reason = ocr_reason(full, cover, _invisible_share(page) if cover >= 0.8 else 0.0)
@@ -440,6 +485,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         except Exception as exc:
             raise ParseError(src.path, "corrupt", f"PyMuPDF failed while reading pages: {exc}") from exc
     kept, removed = strip_running_lines(pages)
+    levels = heading_levels(body_sizes, sizes.values())
     blocks: list[Block] = []
     empty_pages: list[int] = []
     for i, page_blocks in enumerate(kept):
@@ -447,7 +493,12 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         kind: BlockKind = "ocr" if i in ocr_done else "text"
         for t in page_blocks:
             cleaned = clean_text(t)
-            if cleaned:
+            if not cleaned:
+                continue
+            level = levels.get(round(sizes.get((i, t), 0.0), 1))
+            if level and kind == "text" and looks_like_heading(cleaned):
+                page_out.append(Block("title", cleaned.replace("\n", " "), i + 1, level=level))
+            else:
                 page_out.append(Block(kind, cleaned, i + 1))
         if not page_out:
             empty_pages.append(i + 1)

@@ -194,3 +194,19 @@ def test_encrypted_truncated_and_empty(tmp_path: Path) -> None:
         reasons[name] = info.value.reason
     assert reasons == {"locked.pdf": "encrypted", "empty.pdf": "empty"}
     assert text_of(parse_document(source(tmp_path / "protected.pdf"), ParseOptions())) == "secret"
+
+
+def test_pdf_font_size_headings_become_titles(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 90), "Payment Terms", fontsize=20)
+    y = 130
+    for i in range(12):
+        page.insert_text((72, y), f"Line {i} of the body text explains when the buyer pays the seller.", fontsize=10)
+        y += 14
+    page.insert_text((72, y + 20), "Delivery", fontsize=15)
+    page.insert_text((72, y + 44), "The seller delivers the goods to the buyer's warehouse.", fontsize=10)
+    doc.save(tmp_path / "terms.pdf")
+    parsed = parse_document(source(tmp_path / "terms.pdf"), ParseOptions())
+    titles = [(b.text, b.level) for b in parsed.blocks if b.kind == "title"]
+    assert titles == [("Payment Terms", 1), ("Delivery", 2)]
