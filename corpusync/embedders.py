@@ -219,12 +219,23 @@ class FlagEmbedder:
     def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
         """One forward pass over one batch (we batch by token budget; FlagEmbedding's own encode()
         runs the first batch twice and hides out-of-memory errors)."""
+        return self.forward(self.prepare(texts))
+
+    def prepare(self, texts: Sequence[str]) -> Any:
+        """Tokenise a batch on the CPU (pinned memory when a GPU will take it). Separate from forward() so
+        the next batch can be tokenised while the device computes this one."""
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                             return_tensors="pt")
+        if self.device.startswith("cuda"):
+            enc = {k: v.pin_memory() for k, v in enc.items()}
+        return enc
+
+    def forward(self, prepared: Any) -> EmbeddingOutput:
         import torch
 
         self.calls += 1
         m = self.model
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
-                             return_tensors="pt").to(self.device)
+        enc = {k: v.to(self.device, non_blocking=True) for k, v in prepared.items()}
         with torch.inference_mode():
             if self.kind == "bge-m3":
                 out = m.model(enc, return_dense=True, return_sparse=True, return_colbert_vecs=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from corpusync.embedders import Tokenizer
 from schemas.records import Chunk, ChunkedDocument, ParsedDocument
 
-CHUNKER_VERSION = "2"
+CHUNKER_VERSION = "3"
 
 _ABBREV = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "no", "fig", "al",
            "inc", "ltd", "co", "corp", "u.s", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
@@ -118,7 +118,8 @@ _CN_NUM = r"[0-9０-９一二三四五六七八九十百千零〇两]+"
 _CN_HEADING = re.compile(rf"^第{_CN_NUM}([编章节])(?=\s|$|[^\w])")
 _CN_ARTICLE = re.compile(rf"^第{_CN_NUM}条")
 _DECIMAL = re.compile(r"^(\d{1,3}(?:\.\d{1,3}){1,5})\.?(?=\s)")
-_CN_ITEM = re.compile(rf"^(?:[（(]{_CN_NUM}[）)]|{_CN_NUM}、)")
+# "一、总则" / "（一）适用范围" head a part; "1、xxx" in web text is a list item, not a heading
+_CN_ITEM = re.compile(r"^(?:[（(][一二三四五六七八九十]+[）)]|[一二三四五六七八九十]+、)")
 _LEGAL_LEVEL = {"编": 7, "章": 8, "节": 9}
 _ARTICLE_LEVEL = 10
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -96,36 +97,64 @@ def encode_texts(
             f"(longest {max(lengths[i] for i in over)}); the chunker must prevent this"
         )
     pending = token_budget_batches(lengths, token_budget)
-    while pending:
-        batch = pending.pop(0)
-        try:
-            out = embedder.embed([texts[i] for i in batch])
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            stats.oom_retries += 1
-            _free_cuda_cache()
-            if len(batch) == 1:
-                raise RuntimeError(
-                    f"out of memory embedding a single text of {lengths[batch[0]]} tokens; "
-                    "lower CORPUSYNC_CHUNK_MAX_TOKENS or use a larger device"
-                ) from exc
-            half = len(batch) // 2
-            log.warning("out of memory on a batch of %d texts; retrying as %d + %d", len(batch), half,
-                        len(batch) - half)
-            pending[:0] = [batch[:half], batch[half:]]
-            continue
-        dense[batch] = out.dense
-        if sparse is not None and out.sparse is not None:
-            for i, w in zip(batch, out.sparse, strict=True):
-                sparse[i] = w
-        stats.batches += 1
-        stats.batch_sizes.append(len(batch))
-        stats.real_tokens += sum(lengths[i] for i in batch)
-        stats.padded_tokens += len(batch) * max(lengths[i] for i in batch)
-        if on_batch:
-            on_batch(len(batch))
+    # Tokenise batch i+1 on a CPU thread while the model runs batch i (the tokenizer and torch release
+    # the GIL), when the embedder exposes the two steps; otherwise one call per batch.
+    prepare = getattr(embedder, "prepare", None)
+    forward = getattr(embedder, "forward", None)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") if prepare and forward else None
+    ahead: dict[tuple[int, ...], Future[Any]] = {}  # batch (its text indices) -> tokenised batch
+
+    def submit(b: list[int]) -> None:
+        if pool is not None and prepare is not None and tuple(b) not in ahead:
+            ahead[tuple(b)] = pool.submit(prepare, [texts[i] for i in b])
+
+    try:
+        while pending:
+            batch = pending.pop(0)
+            if pending:
+                submit(pending[0])
+            try:
+                if pool is not None:
+                    submit(batch)
+                    out = forward(ahead.pop(tuple(batch)).result())  # type: ignore[misc]
+                else:
+                    out = embedder.embed([texts[i] for i in batch])
+            except Exception as exc:
+                if not _retry_smaller(exc, batch, pending, lengths, stats):
+                    raise
+                continue
+            dense[batch] = out.dense
+            if sparse is not None and out.sparse is not None:
+                for i, w in zip(batch, out.sparse, strict=True):
+                    sparse[i] = w
+            stats.batches += 1
+            stats.batch_sizes.append(len(batch))
+            stats.real_tokens += sum(lengths[i] for i in batch)
+            stats.padded_tokens += len(batch) * max(lengths[i] for i in batch)
+            if on_batch:
+                on_batch(len(batch))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     return EmbeddingOutput(dense, sparse)
+
+
+def _retry_smaller(exc: Exception, batch: list[int], pending: list[list[int]], lengths: Sequence[int],
+                   stats: EmbedStats) -> bool:
+    """On CUDA out-of-memory, put the batch back as two halves and return True; other errors: False."""
+    if not is_oom(exc):
+        return False
+    stats.oom_retries += 1
+    _free_cuda_cache()
+    if len(batch) == 1:
+        raise RuntimeError(
+            f"out of memory embedding a single text of {lengths[batch[0]]} tokens; "
+            "lower CORPUSYNC_CHUNK_MAX_TOKENS or use a larger device"
+        ) from exc
+    half = len(batch) // 2
+    log.warning("out of memory on a batch of %d texts; retrying as %d + %d", len(batch), half, len(batch) - half)
+    pending[:0] = [batch[:half], batch[half:]]
+    return True
 
 
 def embed_documents(

@@ -112,3 +112,34 @@ def test_sparse_top_k_matches_reference_loop() -> None:
         top = dict(sorted(sorted(ref.items(), key=lambda kv: -kv[1])[:8]))
         assert got[r].keys() == top.keys()
         assert all(abs(got[r][key] - top[key]) < 1e-6 for key in top)
+
+
+class _OOMOncePipelined(_OOMOnce):
+    """The same fault on the pipelined path (tokenise ahead on a thread, forward on the device)."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(inner)
+        self.prepared = 0
+
+    def prepare(self, texts: Sequence[str]) -> object:
+        self.prepared += 1
+        return (len(texts), self.inner.prepare(texts))
+
+    def forward(self, prepared: tuple[int, object]) -> EmbeddingOutput:
+        self.sizes.append(prepared[0])
+        if len(self.sizes) == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.inner.forward(prepared[1])
+
+
+def test_pipelined_tokenisation_matches_sequential_and_survives_oom(embedder) -> None:  # type: ignore[no-untyped-def]
+    texts = TEXTS * 6
+    seq = _OOMOnce(embedder)
+    seq.sizes = [0]  # no fault: a plain sequential embedder (embed() only)
+    ref = encode_texts(seq, texts, token_budget=400)
+    piped = _OOMOncePipelined(embedder)
+    stats = EmbedStats()
+    out = encode_texts(piped, texts, token_budget=400, stats=stats)
+    assert stats.oom_retries == 1 and stats.batches >= 3
+    assert piped.prepared >= stats.batches  # every batch was tokenised through prepare()
+    np.testing.assert_allclose(out.dense, ref.dense, atol=1e-4)  # same vectors, input order kept
