@@ -6,7 +6,8 @@ together twice through the real pipeline (embedded PostgreSQL, Prefect flow, Min
 chunk_strategy=fixed, once with chunk_strategy=structure. Each index is evaluated with the evaluation
 module (evaluation/, the same code as the gate) and Recall@1/5/10 and MRR@10 are printed per set and mode.
 
-Usage: python bench/chunking.py [--limit 150] [--distractors 300] [--budget 128] [--work .corpusync-chunkbench]
+Usage: python bench/chunking.py [--limit 150] [--distractors 300] [--budget 128] [--overlap 0.12]
+       [--work .corpusync-chunkbench]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=150)
     ap.add_argument("--distractors", type=int, default=300)
     ap.add_argument("--budget", type=int, default=128)
+    ap.add_argument("--overlap", type=float, default=0.12, help="chunk overlap for both strategies")
     ap.add_argument("--work", type=Path, default=Path(".corpusync-chunkbench"))
     args = ap.parse_args()
     from prefect.testing.utilities import prefect_test_harness
@@ -67,7 +69,7 @@ def main() -> None:
     with prefect_test_harness(server_startup_timeout=120):
         for strategy in ("fixed", "structure"):
             settings = Settings(home=args.work / f"home-{strategy}", chunk_strategy=strategy,  # type: ignore[arg-type]
-                                chunk_max_tokens=args.budget)
+                                chunk_max_tokens=args.budget, chunk_overlap=args.overlap)
             t0 = time.perf_counter()
             summary = refresh(str(corpus), settings=settings)
             print(f"{strategy}: {summary['chunks']['inserted']} chunks, refresh {time.perf_counter() - t0:.0f} s")
@@ -79,7 +81,8 @@ def main() -> None:
             for ev in outcome.evaluations:
                 for mode, metrics in ev.metrics.items():
                     table[(ev.goldset.split("/")[-1], mode, strategy)] = metrics
-    print(f"\n## Recall@k by chunking strategy (budget {args.budget} tokens, MiniLM, {args.limit} questions per set)")
+    print(f"\n## Recall@k by chunking strategy (budget {args.budget} tokens, overlap {args.overlap}, MiniLM, "
+          f"{args.limit} questions per set)")
     print("| gold set | mode | strategy | R@1 | R@5 | R@10 | MRR@10 |")
     print("|---|---|---|---|---|---|---|")
     for (gs_name, mode, strategy), m in sorted(table.items()):
