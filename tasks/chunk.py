@@ -214,9 +214,9 @@ def _structure_pieces(doc: ParsedDocument, text: str, block_spans: list[tuple[in
             continue
         ctype = "ocr" if block.kind == "ocr" else "text"
         for s, e in sentence_spans(text, bs, be):
+            # sentence spans never cross a newline, so a span that starts a line is (the start of) that line
             line_start = s == bs or text[s - 1] == "\n"
-            kind = classify_line(text[s:text.find("\n", s, e) if "\n" in text[s:e] else e]) if (
-                line_start and block.kind != "title") else None
+            kind = classify_line(text[s:e]) if line_start and block.kind != "title" else None
             if kind is not None:
                 what, level, label = kind
                 if what == "heading":
@@ -226,13 +226,11 @@ def _structure_pieces(doc: ParsedDocument, text: str, block_spans: list[tuple[in
                     unit += 1
                     in_clause = True
                 path = [p for p in path if p[0] < level] + [(level, label)]
-            elif block.kind == "title":
-                in_clause = False
             pieces.append(_Piece(s, e, section, tuple(t for _, t in path), ctype, unit if in_clause else 0))
     return pieces
 
 
-def _fixed_pieces(doc: ParsedDocument, text: str, tok: Tokenizer, budget: int) -> list[_Piece]:
+def _fixed_pieces(text: str, tok: Tokenizer, budget: int) -> list[_Piece]:
     """Baseline: fixed windows of the token budget over the whole text, blind to structure."""
     return [_Piece(a, b, 0, (), "text", 0) for a, b in _split_long(text, (0, len(text)), tok, budget)] if text else []
 
@@ -297,7 +295,7 @@ def chunk_document(doc: ParsedDocument, tok: Tokenizer, config: ChunkConfig) -> 
 
     # 1. pieces: sentences (or table row groups) carrying section, breadcrumb, type and clause unit
     if config.strategy == "fixed":
-        pieces = _fixed_pieces(doc, text, tok, budget)
+        pieces = _fixed_pieces(text, tok, budget)
     else:
         pieces = _structure_pieces(doc, text, block_spans, tok, budget)
 

@@ -30,7 +30,11 @@ K_RETRIEVE = 20
 class Baseline:
     id: int
     generation: int
-    per_question: dict[str, dict[str, float]]
+    rows: dict[str, dict[str, Any]]  # question id -> {"scores": {...}, "retrieved": [chunk ids]}
+
+    @property
+    def per_question(self) -> dict[str, dict[str, float]]:
+        return {qid: r["scores"] for qid, r in self.rows.items()}
 
 
 def modes_for(settings: Settings) -> list[str]:
@@ -111,7 +115,7 @@ def find_baseline(conn: psycopg.Connection, goldset: str, generation: int, mode:
     if row is None:
         return None
     qs = db.fetch_all(conn, "evaluation_questions", {"evaluation_id": row["id"], "mode": mode})
-    return Baseline(int(row["id"]), int(row["generation"]), {r["question_id"]: r["scores"] for r in qs})
+    return Baseline(int(row["id"]), int(row["generation"]), {r["question_id"]: r for r in qs})
 
 
 def gate(settings: Settings, ev: Evaluation, baseline: Baseline | None) -> None:
@@ -226,7 +230,9 @@ def evaluate_and_gate(
                 if base_ev is not None:
                     store_evaluation(conn, base_ev, run_id, config)
                     assert base_ev.id is not None
-                    baseline = Baseline(base_ev.id, baseline_generation, per_question(base_ev, mode))
+                    baseline = Baseline(base_ev.id, baseline_generation,
+                                        {q.question_id: {"scores": q.scores, "retrieved": q.retrieved}
+                                         for q in base_ev.questions if q.mode == mode})
         elif gated:
             baseline = find_baseline(conn, gs.name, generation, mode, earlier=True)
         ev = evaluate_generation(settings, conn, searcher, gs, generation,
@@ -236,11 +242,7 @@ def evaluate_and_gate(
             ev.overridden = bool(override and ev.passed is False)
         store_evaluation(conn, ev, run_id, config)
         evaluations.append(ev)
-        base_rows: dict[str, Any] = {}
-        if baseline is not None:
-            base_rows = {r["question_id"]: r for r in
-                         db.fetch_all(conn, "evaluation_questions", {"evaluation_id": baseline.id, "mode": mode})}
-        parts.append(_report_part(conn, ev, gs, mode, base_rows))
+        parts.append(_report_part(conn, ev, gs, mode, baseline.rows if baseline else {}))
     report = "# corpusync evaluation\n\n" + "\n".join(parts)
     path = _write_reports(settings, conn, generation, report, evaluations)
     return GateOutcome(evaluations, report, path)

@@ -95,7 +95,7 @@ class ParseWorker:
                                  "worker was stopped (raise CORPUSYNC_PARSE_TIMEOUT_S for very large files)")
             status, payload = conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = self._proc.exitcode if self._proc is not None else None
+            code = None
             if self._proc is not None:
                 self._proc.join(5)
                 code = self._proc.exitcode
