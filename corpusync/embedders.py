@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from corpusync.errors import ConfigError
+from corpusync.vectors import SparseRows
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -52,7 +53,7 @@ class ModelIdentity:
 @dataclass
 class EmbeddingOutput:
     dense: np.ndarray  # (n, d) float32
-    sparse: list[dict[int, float]] | None  # one {token_id: weight} per text, or None
+    sparse: SparseRows | None  # CSR token weights, one row per text, or None (no trained sparse head)
 
 
 @runtime_checkable
@@ -251,10 +252,11 @@ class FlagEmbedder:
 
 
 def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k: int,
-                 vocab_size: int | None = None) -> list[dict[int, float]]:
+                 vocab_size: int | None = None) -> SparseRows:
     """Vectorised BGE-M3 lexical weights: per text, the max weight of each token id (special tokens and
-    padding out), then its top_k ids. One scatter-amax into a (rows x vocab) buffer and one topk, instead of
-    FlagEmbedding's per-token Python loop; rows are processed in slices that keep the buffer near 64 MiB."""
+    padding out), then its top_k ids, as CSR rows with ascending ids. One scatter-amax into a (rows x vocab)
+    buffer, one topk and one sort on the device, instead of FlagEmbedding's per-token Python loop and a dict
+    per text; rows are processed in slices that keep the buffer near 64 MiB."""
     import torch
 
     w = torch.clamp(weights.float(), min=0.0)
@@ -264,26 +266,26 @@ def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k
     vocab = vocab_size or int(ids.max().item()) + 1
     k = min(top_k, vocab)
     step = max(1, (1 << 24) // vocab)
-    rows: list[dict[int, float]] = []
+    counts: list[np.ndarray] = []
+    indices: list[np.ndarray] = []
+    values: list[np.ndarray] = []
     for start in range(0, ids.shape[0], step):
         sl = slice(start, start + step)
         buf = torch.zeros((ids[sl].shape[0], vocab), dtype=w.dtype, device=w.device)
         buf.scatter_reduce_(1, ids[sl], w[sl], reduce="amax", include_self=True)
         vals, idx = torch.topk(buf, k, dim=1)
-        vals, idx = vals.cpu(), idx.cpu()
-        for v, i in zip(vals, idx, strict=True):
-            keep = v > 0
-            rows.append(dict(sorted(zip(i[keep].tolist(), v[keep].tolist(), strict=True))))
-    return rows
-
-
-def prune_sparse(weights: dict[Any, float], top_k: int) -> dict[int, float]:
-    """Keep the top_k positive weights (pgvector's sparsevec HNSW accepts at most 1,000 non-zeros)."""
-    items = [(int(k), float(v)) for k, v in weights.items() if float(v) > 0]
-    if len(items) > top_k:
-        items.sort(key=lambda kv: kv[1], reverse=True)
-        items = items[:top_k]
-    return dict(sorted(items))
+        idx = torch.where(vals > 0, idx, vocab)  # zero weights sort last and are dropped
+        idx, order = torch.sort(idx, dim=1)
+        vals = torch.gather(vals, 1, order)
+        keep = idx < vocab
+        counts.append(keep.sum(dim=1).cpu().numpy())
+        indices.append(idx[keep].to(torch.int32).cpu().numpy())
+        values.append(vals[keep].cpu().numpy())
+    n = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+    indptr = np.zeros(len(n) + 1, np.int64)
+    np.cumsum(n, out=indptr[1:])
+    return SparseRows(indptr, np.concatenate(indices) if indices else np.zeros(0, np.int32),
+                      np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32))
 
 
 def _read_revision(model_dir: Path) -> str | None:

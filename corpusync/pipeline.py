@@ -148,11 +148,12 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
         return []
     with ctx.timed("embed"):
         ctx.model_id = load_stage.register_model(ctx.conn, ctx.embedder.identity)
-        stored = load_stage.stored_vectors(ctx.conn, ctx.model_id,
-                                           (c.text_sha256 for d in chunked for c in d.chunks))
+        identity = ctx.embedder.identity
+        stored = load_stage.stored_vectors(ctx.conn, ctx.model_id, (c.text_sha256 for d in chunked for c in d.chunks),
+                                           dimension=identity.dimension, sparse=identity.sparse_trained)
         total = sum(len(d.chunks) for d in chunked)
         with progress.stage("embed", total - sum(1 for d in chunked for c in d.chunks
-                                                 if c.text_sha256 in stored)) as bar:
+                                                 if c.text_sha256 in stored.rows)) as bar:
             embedded, stats = embed_stage.embed_documents(chunked, ctx.embedder, stored,
                                                           ctx.settings.embed_batch_tokens, bar.advance)
     ctx.summary.chunks.embedded = stats.embedded

@@ -137,8 +137,8 @@ class Searcher:
         out = self.embedder.embed([text]) if (use["dense"] and query_vector is None) or use["sparse"] else None
         if use["dense"]:
             qvec = HalfVector(list(query_vector) if query_vector is not None else out.dense[0])  # type: ignore[union-attr]
-        if use["sparse"] and out is not None and out.sparse and identity.sparse_dim:
-            qsparse = SparseVector(out.sparse[0], identity.sparse_dim)
+        if use["sparse"] and out is not None and out.sparse is not None and identity.sparse_dim:
+            qsparse = SparseVector(out.sparse.row(0), identity.sparse_dim)
         pool = max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
             "qtext": " ".join(lexical.query_terms(text)), "qvec": qvec, "qsparse": qsparse,

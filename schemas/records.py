@@ -11,6 +11,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from corpusync.vectors import SparseRows, dense_of, sparse_of
+
 BlockKind = Literal["title", "text", "table", "list", "ocr"]
 
 
@@ -139,11 +141,21 @@ class ChunkedDocument:
 
 @dataclass(slots=True)
 class EmbeddedDocument:
-    """Chunks plus their vectors: dense is an (n, d) float32 array, sparse one dict per chunk or None."""
+    """Chunks plus their vectors: one Arrow record batch, row i for chunk i (columns `dense`, and
+    `sparse_indices` / `sparse_values` for models with a trained sparse head). The loader encodes the
+    columns straight into binary COPY; no per-chunk vector objects are built."""
 
     doc: ChunkedDocument
-    dense: np.ndarray
-    sparse: list[dict[int, float]] | None
+    vectors: Any  # pyarrow.RecordBatch
+
+    @property
+    def dense(self) -> np.ndarray:
+        """(n, d) float32 view of the dense column."""
+        return dense_of(self.vectors)
+
+    @property
+    def sparse(self) -> SparseRows | None:
+        return sparse_of(self.vectors)
 
 
 class DocumentCounts(BaseModel):

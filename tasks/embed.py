@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corpusync.embedders import Embedder, EmbeddingOutput
+from corpusync.vectors import SparseRows, VectorTable, embedding_batch
 
 if TYPE_CHECKING:
     from schemas.records import ChunkedDocument, EmbeddedDocument
 
 log = logging.getLogger("corpusync.embed")
-
-Vectors = tuple[np.ndarray, dict[int, float] | None]
 
 
 @dataclass
@@ -86,9 +85,10 @@ def encode_texts(
     n = len(texts)
     dim = embedder.identity.dimension
     dense = np.zeros((n, dim), dtype=np.float32)
-    sparse: list[dict[int, float]] | None = [{} for _ in range(n)] if embedder.identity.sparse_trained else None
+    sparse_trained = embedder.identity.sparse_trained
+    sparse_parts: list[tuple[list[int], SparseRows]] = []  # (text indices, their rows), in completion order
     if n == 0:
-        return EmbeddingOutput(dense, sparse)
+        return EmbeddingOutput(dense, SparseRows.empty(0) if sparse_trained else None)
     lengths = embedder.count_tokens(texts)
     over = [i for i, length in enumerate(lengths) if length > embedder.identity.max_tokens]
     if over:
@@ -124,9 +124,8 @@ def encode_texts(
                     raise
                 continue
             dense[batch] = out.dense
-            if sparse is not None and out.sparse is not None:
-                for i, w in zip(batch, out.sparse, strict=True):
-                    sparse[i] = w
+            if sparse_trained:
+                sparse_parts.append((batch, out.sparse if out.sparse is not None else SparseRows.empty(len(batch))))
             stats.batches += 1
             stats.batch_sizes.append(len(batch))
             stats.real_tokens += sum(lengths[i] for i in batch)
@@ -136,7 +135,15 @@ def encode_texts(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    return EmbeddingOutput(dense, sparse)
+    return EmbeddingOutput(dense, _in_input_order(sparse_parts, n) if sparse_trained else None)
+
+
+def _in_input_order(parts: list[tuple[list[int], SparseRows]], n: int) -> SparseRows:
+    """Batches' sparse rows, which arrive longest-first, put back in input order (one gather)."""
+    done = np.concatenate([np.asarray(b, np.int64) for b, _ in parts])
+    where = np.empty(n, np.int64)
+    where[done] = np.arange(n)
+    return SparseRows.concat([rows for _, rows in parts]).take(where)
 
 
 def _retry_smaller(exc: Exception, batch: list[int], pending: list[list[int]], lengths: Sequence[int],
@@ -160,41 +167,31 @@ def _retry_smaller(exc: Exception, batch: list[int], pending: list[list[int]], l
 def embed_documents(
     docs: Sequence[ChunkedDocument],
     embedder: Embedder,
-    stored: dict[str, Vectors],
+    stored: VectorTable,
     token_budget: int,
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[list[EmbeddedDocument], EmbedStats]:
-    """Vectors for every chunk of docs. `stored` maps text_sha256 -> vectors already in the index for
-    this model identity: those are copied, not recomputed."""
+    """Vectors for every chunk of docs, one Arrow record batch per document. `stored` holds vectors already
+    in the index for this model identity, keyed by text hash: those are copied, not recomputed."""
     stats = EmbedStats()
     todo: dict[str, str] = {}  # text hash -> text, first occurrence order
-    total = 0
     for d in docs:
         for c in d.chunks:
-            total += 1
-            if c.text_sha256 in stored:
+            if c.text_sha256 in stored.rows:
                 stats.reused += 1
             elif c.text_sha256 in todo:
                 stats.deduplicated += 1
             else:
                 todo[c.text_sha256] = c.text
-    hashes = list(todo)
-    out = encode_texts(embedder, [todo[h] for h in hashes], token_budget, stats, on_batch)
-    stats.embedded = len(hashes)
-    fresh: dict[str, Vectors] = {
-        h: (out.dense[i], out.sparse[i] if out.sparse is not None else None) for i, h in enumerate(hashes)
-    }
+    out = encode_texts(embedder, list(todo.values()), token_budget, stats, on_batch)
+    stats.embedded = len(todo)
+    fresh = VectorTable({h: i for i, h in enumerate(todo)}, out.dense, out.sparse)
+    pool = VectorTable.concat([fresh, stored], sparse=embedder.identity.sparse_trained)
     from schemas.records import EmbeddedDocument
 
     result: list[EmbeddedDocument] = []
-    dim = embedder.identity.dimension
     for d in docs:
-        dense = np.zeros((len(d.chunks), dim), dtype=np.float32)
-        sparse: list[dict[int, float]] | None = [] if embedder.identity.sparse_trained else None
-        for i, c in enumerate(d.chunks):
-            vec, sp = fresh.get(c.text_sha256) or stored[c.text_sha256]
-            dense[i] = vec
-            if sparse is not None:
-                sparse.append(sp or {})
-        result.append(EmbeddedDocument(doc=d, dense=dense, sparse=sparse))
+        rows = np.fromiter((pool.rows[c.text_sha256] for c in d.chunks), np.int64, len(d.chunks))
+        sparse = pool.sparse.take(rows) if pool.sparse is not None else None
+        result.append(EmbeddedDocument(doc=d, vectors=embedding_batch(pool.dense[rows], sparse)))
     return result, stats

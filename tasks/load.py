@@ -7,24 +7,19 @@ one until publish flips the pointer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import psycopg
-from pgvector import HalfVector, SparseVector
+import pyarrow as pa
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from corpusync import db, lexical
+from corpusync import db, lexical, pgcopy
 from corpusync.embedders import ModelIdentity
 from corpusync.errors import ModelMismatch
+from corpusync.vectors import DENSE, SPARSE_INDICES, SPARSE_VALUES, SparseRows, VectorTable, matrix_of
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
-
-Vectors = tuple[np.ndarray, dict[int, float] | None]
-
-_COPY_TYPES = ["int8", "int8", "int4", "text", "text", "text", "int4", "int4", "int4", "int4", "int4",
-               "text[]", "text", "jsonb", "int4", "halfvec", "sparsevec", "text", "int8", "int4"]
 
 
 def recover(conn: psycopg.Connection, run_id: int) -> dict[str, int]:
@@ -79,19 +74,23 @@ def latest_quarantine(conn: psycopg.Connection) -> dict[str, tuple[str, str]]:
             for r in db.fetch_all(conn, "latest_quarantine")}
 
 
-def stored_vectors(conn: psycopg.Connection, model_id: int, hashes: Iterable[str]) -> dict[str, Vectors]:
+def stored_vectors(conn: psycopg.Connection, model_id: int, hashes: Iterable[str], *, dimension: int,
+                   sparse: bool) -> VectorTable:
     """Vectors already in the index for these chunk texts (any retained version), keyed by text hash."""
     wanted = sorted(set(hashes))
-    found: dict[str, Vectors] = {}
+    rows: dict[str, int] = {}
+    dense: list[np.ndarray] = []
+    weights: list[dict[int, float]] = []
     for i in range(0, len(wanted), 5000):
         for r in db.fetch_all(conn, "stored_vectors", {"model_id": model_id, "hashes": wanted[i:i + 5000]}):
-            dense = np.asarray(r["dense"].to_numpy(), dtype=np.float32)
-            sparse = None
-            if r["sparse"] is not None:
-                sv = r["sparse"]
-                sparse = dict(zip((int(k) for k in sv.indices()), (float(v) for v in sv.values()), strict=True))
-            found[r["text_sha256"]] = (dense, sparse)
-    return found
+            rows[r["text_sha256"]] = len(dense)
+            dense.append(r["dense"].to_numpy())
+            sv = r["sparse"]
+            weights.append(dict(zip(sv.indices(), sv.values(), strict=True)) if sv is not None else {})
+    if not rows:
+        return VectorTable.empty(dimension, sparse)
+    return VectorTable(rows, np.stack(dense).astype(np.float32),
+                       SparseRows.from_dicts(weights) if sparse else None)
 
 
 def record_quarantine(conn: psycopg.Connection, run_id: int, fingerprint: str,
@@ -130,53 +129,105 @@ def load_documents(
 ) -> tuple[int, int]:
     """Insert new versions of docs into the candidate generation, retiring the versions they replace.
 
-    Each batch of documents is one transaction: version rows, then one binary COPY of all their chunks.
+    Each batch of documents is one transaction: version rows, then one binary COPY of all their chunks,
+    encoded column by column from the documents' Arrow vector batches (corpusync.pgcopy).
     Returns (chunks inserted, chunks retired).
     """
     inserted = retired = 0
     for start in range(0, len(docs), batch_documents):
         batch = docs[start:start + batch_documents]
         with conn.transaction():
-            rows: list[list[Any]] = []
             replaced = [d.doc.replaces.version_id for d in batch if d.doc.replaces is not None]
             if replaced:
                 retired += sum(r["chunk_count"] for r in db.fetch_all(
                     conn, "retire_versions", {"generation": generation, "version_ids": replaced}))
-            for ed in batch:
-                cd, parsed = ed.doc, ed.doc.parsed
-                src = parsed.source
-                doc_row = db.fetch_one(conn, "upsert_document", {"path": src.path, "run_id": run_id})
-                assert doc_row is not None
-                document_id = int(doc_row["id"])
-                ver = db.fetch_one(conn, "insert_version", {
-                    "document_id": document_id, "content_sha256": src.sha256, "size_bytes": src.size,
-                    "mtime": src.mtime, "source_path": src.path, "media_type": parsed.media_type,
-                    "parser": parsed.parser, "parser_version": parsed.parser_version,
-                    "ocr_engine": parsed.ocr_engine, "ocr_engine_version": parsed.ocr_engine_version,
-                    "page_count": parsed.page_count, "char_count": cd.char_count,
-                    "chunk_count": len(cd.chunks), "chunk_config": db.as_json(chunk_config),
-                    "pipeline_fingerprint": fingerprint, "model_id": model_id, "run_id": run_id,
-                    "metadata": db.as_json(parsed.metadata), "cleaning": db.as_json(parsed.cleaning),
-                    "generation": generation,
-                })
-                assert ver is not None
-                version_id = int(ver["id"])
-                for i, c in enumerate(cd.chunks):
-                    sparse = None
-                    if ed.sparse is not None and sparse_dim:
-                        sparse = SparseVector(ed.sparse[i], sparse_dim)
-                    rows.append([
-                        version_id, document_id, c.ordinal, c.key, c.text, c.text_sha256, c.token_count,
-                        c.page_start, c.page_end, c.char_start, c.char_end, list(c.section_path),
-                        c.chunk_type, Jsonb({"prefix_chars": len(c.prefix)} if c.prefix else {}), model_id,
-                        HalfVector(ed.dense[i]), sparse,
-                        lexical.index_text(c.text), run_id, generation,
-                    ])
+            ids = [_insert_version(conn, ed, run_id=run_id, generation=generation, model_id=model_id,
+                                   fingerprint=fingerprint, chunk_config=chunk_config) for ed in batch]
             with conn.cursor() as cur, cur.copy(db.q("copy_chunks")) as copy:
-                copy.set_types(_COPY_TYPES)
-                for row in rows:
-                    copy.write_row(row)
-            inserted += len(rows)
+                copy.write(pgcopy.HEADER)
+                for fields in chunk_fields(batch, ids, model_id=model_id, run_id=run_id, generation=generation,
+                                           sparse_dim=sparse_dim):
+                    copy.write(pgcopy.encode_rows(fields))
+                copy.write(pgcopy.TRAILER)
+            inserted += sum(len(ed.doc.chunks) for ed in batch)
         if on_document:
             on_document(len(batch))
     return inserted, retired
+
+
+def _insert_version(conn: psycopg.Connection, ed: EmbeddedDocument, *, run_id: int, generation: int,
+                    model_id: int, fingerprint: str, chunk_config: dict[str, Any]) -> tuple[int, int]:
+    """The document row (upserted) and its new version row. Returns (document id, version id)."""
+    cd, parsed = ed.doc, ed.doc.parsed
+    src = parsed.source
+    doc_row = db.fetch_one(conn, "upsert_document", {"path": src.path, "run_id": run_id})
+    assert doc_row is not None
+    ver = db.fetch_one(conn, "insert_version", {
+        "document_id": int(doc_row["id"]), "content_sha256": src.sha256, "size_bytes": src.size,
+        "mtime": src.mtime, "source_path": src.path, "media_type": parsed.media_type,
+        "parser": parsed.parser, "parser_version": parsed.parser_version,
+        "ocr_engine": parsed.ocr_engine, "ocr_engine_version": parsed.ocr_engine_version,
+        "page_count": parsed.page_count, "char_count": cd.char_count,
+        "chunk_count": len(cd.chunks), "chunk_config": db.as_json(chunk_config),
+        "pipeline_fingerprint": fingerprint, "model_id": model_id, "run_id": run_id,
+        "metadata": db.as_json(parsed.metadata), "cleaning": db.as_json(parsed.cleaning),
+        "generation": generation,
+    })
+    assert ver is not None
+    return int(doc_row["id"]), int(ver["id"])
+
+
+def chunk_fields(docs: Sequence[EmbeddedDocument], ids: Sequence[tuple[int, int]], *, model_id: int, run_id: int,
+                 generation: int, sparse_dim: int | None, rows_per_slice: int = 4096) -> Iterator[list[pgcopy.Field]]:
+    """The columns of copy_chunks for these documents' chunks, encoded, in slices of about rows_per_slice
+    (bounds the encoder's scratch memory). ids: (document id, version id) per document."""
+    group: list[int] = []
+    size = 0
+    for i, ed in enumerate(docs):
+        group.append(i)
+        size += len(ed.doc.chunks)
+        if size >= rows_per_slice or i == len(docs) - 1:
+            yield _encode_chunks([docs[j] for j in group], [ids[j] for j in group], model_id, run_id, generation,
+                                 sparse_dim)
+            group, size = [], 0
+
+
+def _encode_chunks(docs: Sequence[EmbeddedDocument], ids: Sequence[tuple[int, int]], model_id: int, run_id: int,
+                   generation: int, sparse_dim: int | None) -> list[pgcopy.Field]:
+    chunks = [c for ed in docs for c in ed.doc.chunks]
+    n = len(chunks)
+    counts = [len(ed.doc.chunks) for ed in docs]
+    vectors = pa.Table.from_batches([ed.vectors for ed in docs])
+    dense = vectors.column(DENSE).combine_chunks()
+    sparse = None
+    if sparse_dim and SPARSE_INDICES in vectors.column_names:
+        sparse = SparseRows.from_arrow(vectors.column(SPARSE_INDICES).combine_chunks(),
+                                       vectors.column(SPARSE_VALUES).combine_chunks())
+    section_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum([len(c.section_path) for c in chunks], out=section_offsets[1:])
+
+    def ints(values: Iterable[int | None], width: int = 4) -> pgcopy.Field:
+        return pgcopy.int_field(list(values), width)
+
+    return [
+        pgcopy.int_field(np.repeat(np.array([v for _, v in ids], np.int64), counts), 8),
+        pgcopy.int_field(np.repeat(np.array([d for d, _ in ids], np.int64), counts), 8),
+        ints(c.ordinal for c in chunks),
+        pgcopy.text_field([c.key for c in chunks]),
+        pgcopy.text_field([c.text for c in chunks]),
+        pgcopy.text_field([c.text_sha256 for c in chunks]),
+        ints(c.token_count for c in chunks),
+        ints(c.page_start for c in chunks),
+        ints(c.page_end for c in chunks),
+        ints(c.char_start for c in chunks),
+        ints(c.char_end for c in chunks),
+        pgcopy.text_array_field(section_offsets, [s for c in chunks for s in c.section_path]),
+        pgcopy.text_field([c.chunk_type for c in chunks]),
+        pgcopy.jsonb_field([f'{{"prefix_chars": {len(c.prefix)}}}' if c.prefix else "{}" for c in chunks]),
+        pgcopy.int_field(np.full(n, model_id, np.int64), 4),
+        pgcopy.halfvec_field(matrix_of(dense)),
+        pgcopy.sparsevec_field(sparse, n, sparse_dim),
+        pgcopy.text_field([lexical.index_text(c.text) for c in chunks]),
+        pgcopy.int_field(np.full(n, run_id, np.int64), 8),
+        pgcopy.int_field(np.full(n, generation, np.int64), 4),
+    ]

@@ -1,0 +1,188 @@
+"""Embedding results as columns, not rows: a dense (n, d) float32 matrix and sparse weights in CSR form,
+carried between embed, validate and load as one Arrow record batch per document.
+
+A refresh may embed millions of chunks; per-row Python objects (a dict of token weights per chunk, a
+pgvector object per vector) cost more CPU than the database write they feed. Everything here works on
+whole arrays. numpy only at import: pyarrow loads when a record batch is built (the GPU benchmark machine
+imports this module without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Column names of an embedding record batch.
+DENSE, SPARSE_INDICES, SPARSE_VALUES = "dense", "sparse_indices", "sparse_values"
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """n sparse vectors in CSR form: row i has indices[indptr[i]:indptr[i+1]] (ascending token ids) and
+    the matching positive values."""
+
+    indptr: np.ndarray  # int64, n + 1
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    @classmethod
+    def empty(cls, n: int) -> SparseRows:
+        return cls(np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+
+    @classmethod
+    def from_dicts(cls, rows: Iterable[Mapping[int, float] | None]) -> SparseRows:
+        """From {token_id: weight} dicts (tests, and vectors read back from the index)."""
+        lens: list[int] = []
+        idx: list[int] = []
+        val: list[float] = []
+        for r in rows:
+            items = sorted((int(k), float(v)) for k, v in (r or {}).items())
+            lens.append(len(items))
+            idx.extend(k for k, _ in items)
+            val.extend(v for _, v in items)
+        indptr = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        return cls(indptr, np.asarray(idx, np.int32), np.asarray(val, np.float32))
+
+    @classmethod
+    def concat(cls, parts: Sequence[SparseRows]) -> SparseRows:
+        if not parts:
+            return cls.empty(0)
+        counts = np.concatenate([np.diff(p.indptr) for p in parts])
+        indptr = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        return cls(indptr, np.concatenate([p.indices for p in parts]), np.concatenate([p.values for p in parts]))
+
+    def nnz(self) -> np.ndarray:
+        """Non-zeros per row."""
+        return np.diff(self.indptr)
+
+    def row(self, i: int) -> dict[int, float]:
+        s, e = int(self.indptr[i]), int(self.indptr[i + 1])
+        return dict(zip(self.indices[s:e].tolist(), self.values[s:e].tolist(), strict=True))
+
+    def to_dicts(self) -> list[dict[int, float]]:
+        return [self.row(i) for i in range(len(self))]
+
+    def take(self, rows: np.ndarray | Sequence[int]) -> SparseRows:
+        """Rows in the given order (repeats allowed), without a Python loop over rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = np.diff(self.indptr)[rows]
+        indptr = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        src = _ranges(self.indptr[:-1][rows], counts, int(indptr[-1]))
+        return SparseRows(indptr, self.indices[src], self.values[src])
+
+    def prune(self, top_k: int) -> SparseRows:
+        """Keep each row's top_k weights (ties: lower token id first), indices ascending again."""
+        counts = np.diff(self.indptr)
+        if counts.size == 0 or counts.max() <= top_k:
+            return self
+        row_of = np.repeat(np.arange(len(counts)), counts)
+        by_weight = np.lexsort((self.indices, -self.values, row_of))
+        rank = np.arange(len(by_weight)) - self.indptr[row_of[by_weight]]
+        keep = np.sort(by_weight[rank < top_k])  # positions ascending = rows, then token ids, in order
+        kept = np.minimum(counts, top_k)
+        indptr = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(kept, out=indptr[1:])
+        return SparseRows(indptr, self.indices[keep], self.values[keep])
+
+    def dot(self, other: SparseRows, vocab_size: int) -> np.ndarray:
+        """(len(self), len(other)) inner products (small sets: evaluation and benchmarks)."""
+        a = np.zeros((len(self), vocab_size), np.float32)
+        a[np.repeat(np.arange(len(self)), self.nnz()), self.indices] = self.values
+        b = np.zeros((len(other), vocab_size), np.float32)
+        b[np.repeat(np.arange(len(other)), other.nnz()), other.indices] = other.values
+        return a @ b.T
+
+    def to_arrow(self) -> tuple[Any, Any]:
+        """(indices, values) as two Arrow list arrays sharing these offsets (zero-copy)."""
+        import pyarrow as pa
+
+        offsets = pa.array(self.indptr.astype(np.int32))
+        return (pa.ListArray.from_arrays(offsets, pa.array(self.indices, pa.int32())),
+                pa.ListArray.from_arrays(offsets, pa.array(self.values, pa.float32())))
+
+    @classmethod
+    def from_arrow(cls, indices: Any, values: Any) -> SparseRows:
+        offsets = indices.offsets.to_numpy().astype(np.int64)
+        base = offsets[0]
+        idx = indices.values.to_numpy()[base:offsets[-1]]
+        val = values.values.to_numpy()[base:offsets[-1]]
+        return cls(offsets - base, idx.astype(np.int32, copy=False), val.astype(np.float32, copy=False))
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    """Concatenation of arange(s, s + c) for each (s, c), vectorised."""
+    if total == 0:
+        return np.zeros(0, np.int64)
+    out_start = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=out_start[1:])
+    return np.repeat(starts - out_start, counts) + np.arange(total, dtype=np.int64)
+
+
+def embedding_batch(dense: np.ndarray, sparse: SparseRows | None) -> Any:
+    """One Arrow record batch: dense as fixed_size_list<float32>[d], sparse as two list columns."""
+    import pyarrow as pa
+
+    dense = np.ascontiguousarray(dense, dtype=np.float32)
+    n, d = dense.shape
+    arrays = [pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), d)]
+    names = [DENSE]
+    if sparse is not None:
+        if len(sparse) != n:
+            raise ValueError(f"{len(sparse)} sparse rows for {n} dense rows")
+        arrays += list(sparse.to_arrow())
+        names += [SPARSE_INDICES, SPARSE_VALUES]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def dense_of(batch: Any) -> np.ndarray:
+    """The (n, d) float32 matrix of an embedding record batch (a view, no copy)."""
+    return matrix_of(batch.column(DENSE))
+
+
+def matrix_of(col: Any) -> np.ndarray:
+    """An Arrow fixed_size_list<float32>[d] array as an (n, d) matrix (a view, no copy)."""
+    d = col.type.list_size
+    flat = col.values.to_numpy(zero_copy_only=False)[col.offset * d:(col.offset + len(col)) * d]
+    return flat.reshape(len(col), d)
+
+
+def sparse_of(batch: Any) -> SparseRows | None:
+    if SPARSE_INDICES not in batch.schema.names:
+        return None
+    return SparseRows.from_arrow(batch.column(SPARSE_INDICES), batch.column(SPARSE_VALUES))
+
+
+@dataclass(frozen=True)
+class VectorTable:
+    """Vectors keyed by chunk text hash: rows[hash] indexes dense (and sparse, for models with a trained
+    sparse head). Used for vectors reused from the index and for the ones a run has just computed."""
+
+    rows: dict[str, int]
+    dense: np.ndarray  # (n, d) float32
+    sparse: SparseRows | None
+
+    @classmethod
+    def empty(cls, dimension: int, sparse: bool) -> VectorTable:
+        return cls({}, np.zeros((0, dimension), np.float32), SparseRows.empty(0) if sparse else None)
+
+    @classmethod
+    def concat(cls, tables: Sequence[VectorTable], *, sparse: bool) -> VectorTable:
+        """One table over several (a hash present in two keeps the first table's row)."""
+        rows: dict[str, int] = {}
+        base = 0
+        for t in tables:
+            for h, i in t.rows.items():
+                rows.setdefault(h, base + i)
+            base += len(t.dense)
+        parts = [t.sparse if t.sparse is not None else SparseRows.empty(len(t.dense)) for t in tables]
+        return cls(rows, np.concatenate([t.dense for t in tables]),
+                   SparseRows.concat(parts) if sparse else None)
