@@ -90,7 +90,7 @@ def encode_rows(fields: Sequence[Field]) -> memoryview:
         parts.append(_fixed(_be(f.lengths, ">i4"), n))
         parts.append((f.data, np.maximum(f.lengths, 0)))
     data, _ = _interleave(n, parts)
-    return memoryview(data)
+    return data.data  # a memoryview over the array
 
 
 # -- column encoders --------------------------------------------------------------------------------------
