@@ -3,6 +3,7 @@ so the CLI starts fast and a no-change refresh never loads model weights."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -109,15 +110,18 @@ def _weights_hash(model_dir: Path, cache_dir: Path | None) -> str:
     return digest
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
+def resolve_devices(setting: str) -> list[str]:
+    """The devices to embed on, one worker each: 'auto' is every visible GPU (the CPU when none is);
+    otherwise the comma-separated list as given ('cuda' alone means the current GPU)."""
+    if setting != "auto":
+        return [d.strip() for d in setting.split(",") if d.strip()]
     try:
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:
-        return "cpu"
+        n = 0
+    return [f"cuda:{i}" for i in range(n)] or ["cpu"]
 
 
 class FlagEmbedder:
@@ -164,8 +168,27 @@ class FlagEmbedder:
         self.calls = 0  # model invocations (tests check that reuse avoids them)
 
     @cached_property
+    def devices(self) -> list[str]:
+        return resolve_devices(self._device_setting)  # imports torch: only when a model is needed
+
+    @cached_property
     def device(self) -> str:
-        return resolve_device(self._device_setting)  # imports torch: only when a model is needed
+        """This worker's device (the first of `devices` for the embedder the settings built)."""
+        return self.devices[0]
+
+    def workers(self) -> list[FlagEmbedder]:
+        """One embedder per device: this one, then a replica for each further device, each with its own model
+        copy and tokenizer (a fast tokenizer must not be shared between threads)."""
+        if "_workers" not in self.__dict__:
+            replicas = [self]
+            for dev in self.devices[1:]:
+                r = copy.copy(self)
+                r.__dict__ = {k: v for k, v in self.__dict__.items() if k not in {"model", "tokenizer", "_special_ids"}}
+                r.__dict__.update(devices=[dev], device=dev, calls=0)
+                replicas.append(r)
+            self.__dict__["_workers"] = replicas
+        workers: list[FlagEmbedder] = self.__dict__["_workers"]
+        return workers
 
     @property
     def fp16(self) -> bool:

@@ -11,7 +11,6 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EmbedderName = Literal["minilm", "bge-m3"]
-Device = Literal["auto", "cpu", "cuda"]
 
 
 class Settings(BaseSettings):
@@ -44,7 +43,12 @@ class Settings(BaseSettings):
         description="Local directory of the embedding model weights. Required for bge-m3 (no hub access "
         "at run time); defaults to the packaged weights for minilm.",
     )
-    device: Device = Field("auto", description="Where to embed: 'auto' picks CUDA when available.")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)(,(cpu|cuda(:\d+)?))*$",
+        description="Where to embed: 'auto' uses every visible GPU, one worker (model replica) per device, and "
+        "the CPU when there is none; or 'cpu', 'cuda', 'cuda:N', or a comma list such as 'cuda:0,cuda:2'.",
+    )
     embed_batch_tokens: int = Field(
         16384,
         gt=0,

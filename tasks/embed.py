@@ -8,6 +8,7 @@ and retries; a batch of one that still fails is an error (no chunk is ever skipp
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class EmbedStats:
     real_tokens: int = 0
     padded_tokens: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    device_batches: dict[str, int] = field(default_factory=dict)  # batches run per device
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -80,13 +82,14 @@ def encode_texts(
     stats: EmbedStats | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> EmbeddingOutput:
-    """Embed texts in token-budgeted batches, halving a batch on out-of-memory. Output is in input order."""
+    """Embed texts in token-budgeted batches, halving a batch on out-of-memory. Output is in input order.
+
+    When the embedder has several workers (one per visible GPU), each runs on its own thread and takes the
+    next batch from one shared queue, longest first, so the devices finish together."""
     stats = stats or EmbedStats()
     n = len(texts)
-    dim = embedder.identity.dimension
-    dense = np.zeros((n, dim), dtype=np.float32)
+    dense = np.zeros((n, embedder.identity.dimension), dtype=np.float32)
     sparse_trained = embedder.identity.sparse_trained
-    sparse_parts: list[tuple[list[int], SparseRows]] = []  # (text indices, their rows), in completion order
     if n == 0:
         return EmbeddingOutput(dense, SparseRows.empty(0) if sparse_trained else None)
     lengths = embedder.count_tokens(texts)
@@ -96,54 +99,95 @@ def encode_texts(
             f"{len(over)} text(s) exceed the model's {embedder.identity.max_tokens} tokens "
             f"(longest {max(lengths[i] for i in over)}); the chunker must prevent this"
         )
-    pending = token_budget_batches(lengths, token_budget)
-    # Tokenise batch i+1 on a CPU thread while the model runs batch i (the tokenizer and torch release
-    # the GIL), when the embedder exposes the two steps; otherwise one call per batch.
-    prepare = getattr(embedder, "prepare", None)
-    forward = getattr(embedder, "forward", None)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") if prepare and forward else None
-    ahead: dict[tuple[int, ...], Future[Any]] = {}  # batch (its text indices) -> tokenised batch
-
-    def submit(b: list[int]) -> None:
-        if pool is not None and prepare is not None and tuple(b) not in ahead:
-            ahead[tuple(b)] = pool.submit(prepare, [texts[i] for i in b])
-
-    try:
-        while pending:
-            batch = pending.pop(0)
-            if pending:
-                submit(pending[0])
-            try:
-                if pool is not None:
-                    submit(batch)
-                    out = forward(ahead.pop(tuple(batch)).result())  # type: ignore[misc]
-                else:
-                    out = embedder.embed([texts[i] for i in batch])
-            except Exception as exc:
-                if not _retry_smaller(exc, batch, pending, lengths, stats):
-                    raise
-                continue
-            dense[batch] = out.dense
-            if sparse_trained:
-                sparse_parts.append((batch, out.sparse if out.sparse is not None else SparseRows.empty(len(batch))))
-            stats.batches += 1
-            stats.batch_sizes.append(len(batch))
-            stats.real_tokens += sum(lengths[i] for i in batch)
-            stats.padded_tokens += len(batch) * max(lengths[i] for i in batch)
-            if on_batch:
-                on_batch(len(batch))
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-    return EmbeddingOutput(dense, _in_input_order(sparse_parts, n) if sparse_trained else None)
+    get_workers = getattr(embedder, "workers", None)
+    workers: list[Embedder] = get_workers() if callable(get_workers) else [embedder]
+    run = _Run(texts, lengths, token_budget_batches(lengths, token_budget), dense, stats, on_batch)
+    if len(workers) == 1:
+        run.work(workers[0])
+    else:
+        log.info("embedding on %d devices: %s", len(workers),
+                 ", ".join(str(getattr(w, "device", "?")) for w in workers))
+        with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="embed") as pool:
+            for fut in [pool.submit(run.work, w) for w in workers]:
+                fut.result()
+    if run.error is not None:
+        raise run.error
+    return EmbeddingOutput(dense, _in_input_order(run.sparse_parts, n) if sparse_trained else None)
 
 
-def _in_input_order(parts: list[tuple[list[int], SparseRows]], n: int) -> SparseRows:
-    """Batches' sparse rows, which arrive longest-first, put back in input order (one gather)."""
-    done = np.concatenate([np.asarray(b, np.int64) for b, _ in parts])
-    where = np.empty(n, np.int64)
-    where[done] = np.arange(n)
-    return SparseRows.concat([rows for _, rows in parts]).take(where)
+class _Run:
+    """The batches of one encode_texts call, shared by its workers (one per device)."""
+
+    def __init__(self, texts: Sequence[str], lengths: Sequence[int], batches: list[list[int]], dense: np.ndarray,
+                 stats: EmbedStats, on_batch: Callable[[int], None] | None) -> None:
+        self.texts, self.lengths, self.pending, self.dense = texts, lengths, batches, dense
+        self.stats, self.on_batch = stats, on_batch
+        self.sparse_parts: list[tuple[list[int], SparseRows]] = []  # (text indices, their rows), as completed
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def take(self) -> list[int] | None:
+        with self.lock:
+            return self.pending.pop(0) if self.pending and self.error is None else None
+
+    def work(self, embedder: Embedder) -> None:
+        """Run batches on one device until the queue is empty. The next batch is tokenised on a CPU thread
+        while the device runs the current one (the tokenizer and torch release the GIL), when the embedder
+        exposes the two steps; otherwise one embed() call per batch."""
+        prepare = getattr(embedder, "prepare", None)
+        forward = getattr(embedder, "forward", None)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") if prepare and forward else None
+
+        def submit(b: list[int]) -> Future[Any] | None:
+            return pool.submit(prepare, [self.texts[i] for i in b]) if pool is not None and prepare else None
+
+        batch = self.take()
+        ahead = submit(batch) if batch is not None else None
+        try:
+            while batch is not None:
+                nxt = self.take()
+                nxt_ahead = submit(nxt) if nxt is not None else None
+                try:
+                    if forward is not None and ahead is not None:
+                        out = forward(ahead.result())
+                    else:
+                        out = embedder.embed([self.texts[i] for i in batch])
+                except Exception as exc:
+                    with self.lock:
+                        retry = _retry_smaller(exc, batch, self.pending, self.lengths, self.stats)
+                    if not retry:
+                        raise
+                    # the halves go first in the shared queue; hand the batch taken ahead back behind them
+                    if nxt is not None:
+                        with self.lock:
+                            self.pending.insert(2, nxt)
+                    batch = self.take()
+                    ahead = submit(batch) if batch is not None else None
+                    continue
+                self.done(batch, out, embedder)
+                batch, ahead = nxt, nxt_ahead
+        except BaseException as exc:
+            with self.lock:
+                self.error = self.error or exc
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def done(self, batch: list[int], out: EmbeddingOutput, embedder: Embedder) -> None:
+        self.dense[batch] = out.dense  # rows of different batches never overlap: no lock needed
+        with self.lock:
+            if embedder.identity.sparse_trained:
+                rows = out.sparse if out.sparse is not None else SparseRows.empty(len(batch))
+                self.sparse_parts.append((batch, rows))
+            st = self.stats
+            st.batches += 1
+            st.batch_sizes.append(len(batch))
+            st.real_tokens += sum(self.lengths[i] for i in batch)
+            st.padded_tokens += len(batch) * max(self.lengths[i] for i in batch)
+            device = str(getattr(embedder, "device", "default"))
+            st.device_batches[device] = st.device_batches.get(device, 0) + 1
+            if self.on_batch:
+                self.on_batch(len(batch))
 
 
 def _retry_smaller(exc: Exception, batch: list[int], pending: list[list[int]], lengths: Sequence[int],
@@ -162,6 +206,14 @@ def _retry_smaller(exc: Exception, batch: list[int], pending: list[list[int]], l
     log.warning("out of memory on a batch of %d texts; retrying as %d + %d", len(batch), half, len(batch) - half)
     pending[:0] = [batch[:half], batch[half:]]
     return True
+
+
+def _in_input_order(parts: list[tuple[list[int], SparseRows]], n: int) -> SparseRows:
+    """Batches' sparse rows, which arrive longest-first, put back in input order (one gather)."""
+    done = np.concatenate([np.asarray(b, np.int64) for b, _ in parts])
+    where = np.empty(n, np.int64)
+    where[done] = np.arange(n)
+    return SparseRows.concat([rows for _, rows in parts]).take(where)
 
 
 def embed_documents(

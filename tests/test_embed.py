@@ -179,3 +179,53 @@ def test_sparse_rows_come_back_in_input_order_through_batching_and_oom(embedder)
     for g, ref in zip(got, one_by_one, strict=True):
         assert all(abs(g[k] - ref[k]) < 1e-6 for k in ref)
     assert all(0 < len(r) <= 6 for r in got)
+
+
+def test_one_worker_per_device_shares_the_queue_and_keeps_input_order(embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two devices (two CPU workers here; GPUs on a multi-GPU machine), each with its own model replica; the
+    second one runs out of memory once (fault injection). Every text comes out, in input order, equal to
+    the single-worker result, and both workers ran batches."""
+    import torch
+
+    from corpusync.embedders import build_embedder
+    from schemas.settings import Settings
+
+    multi = build_embedder(Settings(chunk_max_tokens=128, home=tmp_path, device="cpu,cpu"))
+    workers = multi.workers()
+    assert [w.device for w in workers] == ["cpu", "cpu"] and workers[0] is multi
+    assert workers[1].model is not workers[0].model and workers[1].tokenizer is not workers[0].tokenizer
+    real_forward = workers[1].forward
+    failures: list[int] = []
+
+    def flaky_forward(prepared):  # type: ignore[no-untyped-def]
+        if not failures:
+            failures.append(1)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return real_forward(prepared)
+
+    workers[1].forward = flaky_forward  # type: ignore[method-assign]
+    texts = [f"Article {i}: " + "the buyer pays within thirty days " * (1 + i % 9) for i in range(120)]
+    stats = EmbedStats()
+    out = encode_texts(multi, texts, token_budget=400, stats=stats)
+    ref = encode_texts(embedder, texts, token_budget=4096)
+    np.testing.assert_allclose(out.dense, ref.dense, atol=1e-4)
+    assert stats.oom_retries == 1 and failures == [1]
+    assert workers[0].calls > 0 and workers[1].calls > 0
+    assert workers[0].calls + workers[1].calls == stats.batches == len(stats.batch_sizes)
+    assert sum(stats.batch_sizes) == len(texts)
+
+
+def test_device_setting_resolves_to_workers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from corpusync.embedders import resolve_devices
+    from schemas.settings import Settings
+
+    assert resolve_devices("cuda:0,cuda:2") == ["cuda:0", "cuda:2"]
+    assert resolve_devices("cpu") == ["cpu"]
+    import torch
+
+    expected = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else ["cpu"]
+    assert resolve_devices("auto") == expected
+    with pytest.raises(ValidationError):
+        Settings(home=tmp_path, device="gpu0")
