@@ -4,11 +4,12 @@ them (flows/refresh.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
 
-from corpusync import progress
+from corpusync import lexical, progress
 from corpusync.errors import EvalGateFailed, ParseError
 from corpusync.runtime import RefreshContext
 from schemas.records import (
@@ -154,8 +155,10 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
         total = sum(len(d.chunks) for d in chunked)
         with progress.stage("embed", total - sum(1 for d in chunked for c in d.chunks
                                                  if c.text_sha256 in stored.rows)) as bar:
-            embedded, stats = embed_stage.embed_documents(chunked, ctx.embedder, stored,
-                                                          ctx.settings.embed_batch_tokens, bar.advance)
+            processes = ctx.settings.segment_processes or lexical.default_processes()
+            embedded, stats = embed_stage.embed_documents(
+                chunked, ctx.embedder, stored, ctx.settings.embed_batch_tokens, bar.advance,
+                segment=functools.partial(lexical.index_texts, processes=processes))
     ctx.summary.chunks.embedded = stats.embedded
     ctx.summary.chunks.reused = stats.reused + stats.deduplicated
     return embedded

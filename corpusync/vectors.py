@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 # Column names of an embedding record batch.
-DENSE, SPARSE_INDICES, SPARSE_VALUES = "dense", "sparse_indices", "sparse_values"
+DENSE, SPARSE_INDICES, SPARSE_VALUES, SEARCH_TEXT = "dense", "sparse_indices", "sparse_values", "search_text"
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,9 @@ def _ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
     return np.repeat(starts - out_start, counts) + np.arange(total, dtype=np.int64)
 
 
-def embedding_batch(dense: np.ndarray, sparse: SparseRows | None) -> Any:
-    """One Arrow record batch: dense as fixed_size_list<float32>[d], sparse as two list columns."""
+def embedding_batch(dense: np.ndarray, sparse: SparseRows | None, search_text: Sequence[str] | None = None) -> Any:
+    """One Arrow record batch: dense as fixed_size_list<float32>[d], sparse as two list columns, and the
+    segmented full-text index text when it was computed alongside."""
     import pyarrow as pa
 
     dense = np.ascontiguousarray(dense, dtype=np.float32)
@@ -140,6 +141,11 @@ def embedding_batch(dense: np.ndarray, sparse: SparseRows | None) -> Any:
             raise ValueError(f"{len(sparse)} sparse rows for {n} dense rows")
         arrays += list(sparse.to_arrow())
         names += [SPARSE_INDICES, SPARSE_VALUES]
+    if search_text is not None:
+        if len(search_text) != n:
+            raise ValueError(f"{len(search_text)} search texts for {n} dense rows")
+        arrays.append(pa.array(search_text, pa.string()))
+        names.append(SEARCH_TEXT)
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 

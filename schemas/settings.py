@@ -55,6 +55,13 @@ class Settings(BaseSettings):
         description="Token budget of one embedding batch (sum of padded lengths). Batches are "
         "length-sorted and halved on CUDA out-of-memory.",
     )
+    segment_processes: int = Field(
+        0,
+        ge=0,
+        description="Processes that segment chunk text with jieba for the full-text index, while the model "
+        "embeds (jieba is pure Python: about 2,000 chunks/s per core, as slow as a GPU embeds). 0: the cores "
+        "beyond the first, at most 8, used from 2,000 chunks on; 1: one thread of the refresh process.",
+    )
     embed_fp16: bool = Field(True, description="Use half precision on GPU (ignored on CPU).")
     sparse_top_k: int = Field(
         256,

@@ -18,7 +18,7 @@ from psycopg import sql
 from corpusync import db, lexical, pgcopy
 from corpusync.embedders import ModelIdentity
 from corpusync.errors import ModelMismatch
-from corpusync.vectors import DENSE, SPARSE_INDICES, SPARSE_VALUES, SparseRows, VectorTable, matrix_of
+from corpusync.vectors import DENSE, SEARCH_TEXT, SPARSE_INDICES, SPARSE_VALUES, SparseRows, VectorTable, matrix_of
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
 
 
@@ -227,7 +227,8 @@ def _encode_chunks(docs: Sequence[EmbeddedDocument], ids: Sequence[tuple[int, in
         pgcopy.int_field(np.full(n, model_id, np.int64), 4),
         pgcopy.halfvec_field(matrix_of(dense)),
         pgcopy.sparsevec_field(sparse, n, sparse_dim),
-        pgcopy.text_field([lexical.index_text(c.text) for c in chunks]),
+        pgcopy.text_field(vectors.column(SEARCH_TEXT).combine_chunks() if SEARCH_TEXT in vectors.column_names
+                          else [lexical.index_text(c.text) for c in chunks]),
         pgcopy.int_field(np.full(n, run_id, np.int64), 8),
         pgcopy.int_field(np.full(n, generation, np.int64), 4),
     ]
