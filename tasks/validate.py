@@ -55,8 +55,10 @@ def chunk_frame(docs: list[EmbeddedDocument], t: Thresholds) -> Any:
         text, _ = parsed.layout()
         ocr = {p.get("page"): p.get("confidence") for p in parsed.metadata.get("ocr_pages", [])}
         low = set(parsed.metadata.get("low_confidence_pages", []))
+        dense = ed.dense  # one view of the record batch's dense column
+        norms = np.linalg.norm(dense, axis=1)
+        finite = np.isfinite(dense).all(axis=1)
         for i, c in enumerate(ed.doc.chunks):
-            vec = np.asarray(ed.dense[i], dtype=np.float32)
             pages = range(c.page_start or 0, (c.page_end or 0) + 1)
             conf = min((ocr[p] for p in pages if p in ocr), default=None)
             rows.append({
@@ -69,9 +71,9 @@ def chunk_frame(docs: list[EmbeddedDocument], t: Thresholds) -> Any:
                 "pages_ok": c.page_start is None or (
                     parsed.page_count is None or 1 <= c.page_start <= (c.page_end or 0) <= parsed.page_count),
                 "ocr_ok": conf is None or conf >= t.min_ocr_confidence or any(p in low for p in pages),
-                "dim": int(vec.shape[0]),
-                "finite": bool(np.isfinite(vec).all()),
-                "norm": float(np.linalg.norm(vec)),
+                "dim": int(dense.shape[1]),
+                "finite": bool(finite[i]),
+                "norm": float(norms[i]),
             })
     return pd.DataFrame(rows)
 

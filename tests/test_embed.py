@@ -256,3 +256,34 @@ def test_segmentation_in_processes_matches_serial() -> None:
 
     texts = [f"第{i}条 合同编号 HT2023-{i:04d} 的付款方式 payment terms {i}" for i in range(60)]
     assert lexical.index_texts(texts, processes=2, min_per_process=10) == [lexical.index_text(t) for t in texts]
+
+
+def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Fault injection into the record batches: a NaN vector and an unnormalised one fail the
+    great-expectations suite for their documents only."""
+    import dataclasses
+
+    from corpusync.vectors import embedding_batch
+    from schemas.records import Block, EmbeddedDocument
+    from tasks.chunk import ChunkConfig, chunk_document
+    from tasks.validate import Thresholds, validate_chunks
+    from tests.test_stages_unit import _doc
+
+    docs = []
+    for name in ("ok.md", "nan.md", "long.md"):
+        parsed = _doc([Block("text", t) for t in TEXTS[:3]])
+        parsed = dataclasses.replace(parsed, source=dataclasses.replace(parsed.source, path=name))
+        docs.append(chunk_document(parsed, embedder, ChunkConfig(64, 0.0)))
+    embedded, _ = embed_documents(docs, embedder, VectorTable.empty(384, False), 4096)
+    broken = []
+    for ed in embedded:
+        dense = ed.dense.copy()
+        if ed.doc.parsed.source.path == "nan.md":
+            dense[0, 5] = np.nan
+        if ed.doc.parsed.source.path == "long.md":
+            dense[-1] *= 3.0
+        broken.append(EmbeddedDocument(ed.doc, embedding_batch(dense, None)))
+    outcome = validate_chunks(broken, Thresholds(max_tokens=64, dimension=384, normalized=True))
+    assert [ed.doc.parsed.source.path for ed in outcome.passed] == ["ok.md"]
+    assert "expect_column_values_to_be_in_set(finite)" in outcome.failures["nan.md"]
+    assert outcome.failures["long.md"] == ["expect_column_values_to_be_between(norm)"]

