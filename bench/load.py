@@ -12,7 +12,7 @@ Each path COPYs into an index-free temporary copy of corpusync.chunks (the serve
 HNSW/GIN maintenance is not, it is identical for both). Prints a Markdown table: median of --repeat runs,
 rows/s, wall and client (Python process) CPU seconds, and ratios against the per-row path.
 
-Usage: python bench/load.py [--chunks 20000] [--repeat 3] [--home .corpusync-bench-load]
+Usage: python bench/load.py [--chunks 20000] [--repeat 3] [--segment-processes N] [--home DIR]
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ def main() -> None:
                     default=Path(__file__).resolve().parent.parent.parent / "shared/data/goldsets")
     ap.add_argument("--chunks", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--segment-processes", type=int, default=max(2, lexical.default_processes()),
+                    help="processes for the pooled segmentation timing (refresh's default: cores - 1, at most 8)")
     ap.add_argument("--home", type=Path, default=None, help="corpusync home (default: a temporary one)")
     args = ap.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix=".corpusync-bench-load-", dir=Path.cwd()))
@@ -139,7 +141,7 @@ def main() -> None:
     t0 = time.perf_counter()
     segmented = dict(zip(corpus, lexical.index_texts(corpus, 1), strict=True))
     jieba_s = time.perf_counter() - t0
-    procs = lexical.default_processes()
+    procs = args.segment_processes
     t0 = time.perf_counter()
     lexical.index_texts(corpus, procs)
     jieba_pool_s = time.perf_counter() - t0
