@@ -179,16 +179,17 @@ class FlagEmbedder:
     def workers(self) -> list[FlagEmbedder]:
         """One embedder per device: this one, then a replica for each further device, each with its own model
         copy and tokenizer (a fast tokenizer must not be shared between threads)."""
-        if "_workers" not in self.__dict__:
-            replicas = [self]
-            for dev in self.devices[1:]:
-                r = copy.copy(self)
-                r.__dict__ = {k: v for k, v in self.__dict__.items() if k not in {"model", "tokenizer", "_special_ids"}}
-                r.__dict__.update(devices=[dev], device=dev, calls=0)
-                replicas.append(r)
-            self.__dict__["_workers"] = replicas
-        workers: list[FlagEmbedder] = self.__dict__["_workers"]
-        return workers
+        return self._workers
+
+    @cached_property
+    def _workers(self) -> list[FlagEmbedder]:
+        replicas = [self]
+        for dev in self.devices[1:]:
+            r = copy.copy(self)
+            r.__dict__ = {k: v for k, v in self.__dict__.items() if k not in {"model", "tokenizer", "_special_ids"}}
+            r.__dict__.update(devices=[dev], device=dev, calls=0)
+            replicas.append(r)
+        return replicas
 
     @property
     def fp16(self) -> bool:

@@ -3,7 +3,7 @@
 psycopg's `Copy.write_row` encodes one Python value at a time, and pgvector's dumpers build a Python
 object per vector; at a refresh's volume (1024-d halfvec + sparsevec per chunk) that per-row work costs more
 than the database write. Here each column is encoded with a few array operations and rows are assembled
-by vectorised scatter, then handed to `Copy.write` as one buffer per slice of rows.
+by Arrow's element-wise binary join, then handed to `Copy.write` as one buffer per slice of rows.
 
 Format: https://www.postgresql.org/docs/current/sql-copy.html (binary format); pgvector's halfvec is
 int16 dim, int16 unused, dim x float16; sparsevec is int32 dim, int32 nnz, int32 unused, nnz x int32
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusync.vectors import SparseRows, _ranges
+from corpusync.vectors import SparseRows, concat_ranges
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 TRAILER = b"\xff\xff"
@@ -116,11 +116,10 @@ def text_field(values: Any) -> Field:
 def jsonb_field(values: Any) -> Field:
     """jsonb from JSON texts: a version byte (1) before each text."""
     data, lens, null = _utf8(values)
-    n = len(lens)
     ok = ~null
-    payload, plen = _interleave(int(ok.sum()), [_fixed(np.ones((int(ok.sum()), 1), np.uint8), int(ok.sum())),
-                                                (data, lens[ok])])
-    out_lens = np.full(n, -1, np.int64)
+    m = int(ok.sum())
+    payload, plen = _interleave(m, [_fixed(np.ones((m, 1), np.uint8), m), (data, lens[ok])])
+    out_lens = np.full(len(lens), -1, np.int64)
     out_lens[ok] = plen
     return Field(payload, out_lens)
 
@@ -200,5 +199,5 @@ def _utf8(values: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lens = np.diff(offsets)
     if null.any() and lens[null].any():  # Arrow allows bytes under a NULL slot: drop them
         lens = np.where(null, 0, lens)
-        return raw[_ranges(offsets[:-1], lens, int(lens.sum()))], lens, null
+        return raw[concat_ranges(offsets[:-1], lens, int(lens.sum()))], lens, null
     return raw[offsets[0]:offsets[-1]], lens, null

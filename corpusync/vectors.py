@@ -54,7 +54,7 @@ class SparseRows:
     def concat(cls, parts: Sequence[SparseRows]) -> SparseRows:
         if not parts:
             return cls.empty(0)
-        counts = np.concatenate([np.diff(p.indptr) for p in parts])
+        counts = np.concatenate([p.nnz() for p in parts])
         indptr = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
         return cls(indptr, np.concatenate([p.indices for p in parts]), np.concatenate([p.values for p in parts]))
@@ -73,15 +73,15 @@ class SparseRows:
     def take(self, rows: np.ndarray | Sequence[int]) -> SparseRows:
         """Rows in the given order (repeats allowed), without a Python loop over rows."""
         rows = np.asarray(rows, dtype=np.int64)
-        counts = np.diff(self.indptr)[rows]
+        counts = self.nnz()[rows]
         indptr = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
-        src = _ranges(self.indptr[:-1][rows], counts, int(indptr[-1]))
+        src = concat_ranges(self.indptr[:-1][rows], counts, int(indptr[-1]))
         return SparseRows(indptr, self.indices[src], self.values[src])
 
     def prune(self, top_k: int) -> SparseRows:
         """Keep each row's top_k weights (ties: lower token id first), indices ascending again."""
-        counts = np.diff(self.indptr)
+        counts = self.nnz()
         if counts.size == 0 or counts.max() <= top_k:
             return self
         row_of = np.repeat(np.arange(len(counts)), counts)
@@ -92,14 +92,6 @@ class SparseRows:
         indptr = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(kept, out=indptr[1:])
         return SparseRows(indptr, self.indices[keep], self.values[keep])
-
-    def dot(self, other: SparseRows, vocab_size: int) -> np.ndarray:
-        """(len(self), len(other)) inner products (small sets: evaluation and benchmarks)."""
-        a = np.zeros((len(self), vocab_size), np.float32)
-        a[np.repeat(np.arange(len(self)), self.nnz()), self.indices] = self.values
-        b = np.zeros((len(other), vocab_size), np.float32)
-        b[np.repeat(np.arange(len(other)), other.nnz()), other.indices] = other.values
-        return a @ b.T
 
     def to_arrow(self) -> tuple[Any, Any]:
         """(indices, values) as two Arrow list arrays sharing these offsets (zero-copy)."""
@@ -118,7 +110,7 @@ class SparseRows:
         return cls(offsets - base, idx.astype(np.int32, copy=False), val.astype(np.float32, copy=False))
 
 
-def _ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
     """Concatenation of arange(s, s + c) for each (s, c), vectorised."""
     if total == 0:
         return np.zeros(0, np.int64)
