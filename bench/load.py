@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,11 @@ from psycopg.types.json import Jsonb  # noqa: E402
 
 from corpusync import db, lexical, pgcopy  # noqa: E402
 from corpusync.runtime import open_database  # noqa: E402
-from corpusync.vectors import SparseRows, embedding_batch  # noqa: E402
+from corpusync.vectors import (  # noqa: E402
+    LexicalRows,
+    SparseRows,
+    embedding_batch,
+)
 from schemas.records import Chunk, ChunkedDocument, EmbeddedDocument  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from tasks.load import chunk_fields  # noqa: E402
@@ -58,7 +61,7 @@ def texts(goldsets: Path, n: int) -> list[str]:
     return [out[i % len(out)] + ("" if i < len(out) else f" ({i})") for i in range(n)]
 
 
-def documents(corpus: list[str], dim: int, vocab: int | None, segmented: dict[str, str],
+def documents(corpus: list[str], dim: int, vocab: int | None, segmented: dict[str, tuple[str, list[str]]],
               seed: int = 0) -> list[EmbeddedDocument]:
     rng = np.random.default_rng(seed)
     docs = []
@@ -80,7 +83,8 @@ def documents(corpus: list[str], dim: int, vocab: int | None, segmented: dict[st
                                                   strict=True)}
                 for m in nnz)
         cd = ChunkedDocument(parsed=None, chunks=chunks, char_count=sum(len(t) for t in part))  # type: ignore[arg-type]
-        docs.append(EmbeddedDocument(doc=cd, vectors=embedding_batch(dense, sparse, [segmented[t] for t in part])))
+        lex = LexicalRows.from_tokens([segmented[t] for t in part])
+        docs.append(EmbeddedDocument(doc=cd, vectors=embedding_batch(dense, sparse, lex)))
     return docs
 
 
@@ -98,7 +102,7 @@ def per_row(conn: Any, docs: list[EmbeddedDocument], sparse_dim: int | None) -> 
                     c.char_start, c.char_end, list(c.section_path), c.chunk_type,
                     Jsonb({"prefix_chars": len(c.prefix)} if c.prefix else {}), 1, HalfVector(dense[i]),
                     SparseVector(weights[i], sparse_dim) if weights is not None and sparse_dim else None,
-                    lexical.index_text(c.text), 1, 1,
+                    ed.vectors.column("search_text")[i].as_py(), 1, 1,
                 ])
 
 
@@ -137,15 +141,15 @@ def main() -> None:
     conn = open_database(settings)
     corpus = texts(args.goldsets, args.chunks)
 
-    lexical.index_text("预热")
+    analyzer = lexical.Analyzer()
+    analyzer.tokens("预热")
     t0 = time.perf_counter()
-    segmented = dict(zip(corpus, lexical.index_texts(corpus, 1), strict=True))
+    segmented = dict(zip(corpus, analyzer.index_texts(corpus, 1), strict=True))
     jieba_s = time.perf_counter() - t0
     procs = args.segment_processes
     t0 = time.perf_counter()
-    lexical.index_texts(corpus, procs)
+    analyzer.index_texts(corpus, procs)
     jieba_pool_s = time.perf_counter() - t0
-    lexical.index_text = cache(lambda t: segmented.get(t) or " ".join(lexical.tokens(t)))  # type: ignore[assignment]
     conn.execute("CREATE TEMP TABLE bench_chunks (LIKE corpusync.chunks INCLUDING DEFAULTS)")
     size_mb = {}
     print(f"{len(corpus):,} chunks of real text (mean {statistics.mean(map(len, corpus)):.0f} chars). jieba "

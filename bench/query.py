@@ -3,9 +3,9 @@ bench/eval_goldsets.sh (CMRC 2018 + SQuAD dev + DuReader corpora), optionally sc
 chunks to >= 100k.
 
 Synthetic chunks (documents under `synthetic/`) splice the first half of one real chunk's text with the
-second half of another's; their vector is the normalised sum of the two real vectors and their full-text
-terms are the union, so the vector and term distributions stay those of real text without running the
-model 100k times on a 2-core CPU.
+second half of another's; their vector is the normalised sum of the two real vectors and their lexical
+postings are the first chunk's, so the vector, term and length distributions stay those of real text without
+running the model 100k times on a 2-core CPU.
 
 Usage: python bench/query.py [--home .corpusync-bench] [--scale 100000] [--queries 200] [--k 10]
 Prints Markdown tables. Timings are wall-clock per query through corpusync.search_hybrid (the SQL function
@@ -30,7 +30,7 @@ from pgvector import HalfVector  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from corpusync.embedders import build_embedder  # noqa: E402
-from corpusync.lexical import query_terms  # noqa: E402
+from corpusync.lexical import Analyzer  # noqa: E402
 from corpusync.runtime import open_database  # noqa: E402
 from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
@@ -54,8 +54,13 @@ def scale_up(conn, target: int) -> int:  # type: ignore[no-untyped-def]
     with conn.transaction():
         if index:
             conn.execute(sql.SQL("DROP INDEX corpusync.{}").format(sql.Identifier(index[0])))
-        conn.execute("CREATE TEMP TABLE real_chunks AS SELECT row_number() OVER (ORDER BY id) AS rn, id, text, "
-                     "search_text, dense, token_count FROM corpusync.chunks WHERE model_id = %s", (model_id,))
+        conn.execute("""
+            CREATE TEMP TABLE real_chunks AS
+            SELECT row_number() OVER (ORDER BY c.id) AS rn, c.id, c.version_id, c.ordinal, c.text, c.search_text,
+                   c.dense, c.token_count,
+                   coalesce((SELECT max(p.dl) FROM corpusync.postings p
+                             WHERE p.version_id = c.version_id AND p.ordinal = c.ordinal), 0) AS dl
+            FROM corpusync.chunks c WHERE c.model_id = %s""", (model_id,))
         n_real = conn.execute("SELECT count(*) FROM real_chunks").fetchone()[0]
         run_id = conn.execute("SELECT max(id) FROM corpusync.runs").fetchone()[0]
         conn.execute("""
@@ -70,26 +75,45 @@ def scale_up(conn, target: int) -> int:  # type: ignore[no-untyped-def]
                    %(gen)s, '{"lang": "synthetic"}'::jsonb
             FROM docs""", {"run": run_id, "n": n_docs, "model": model_id, "gen": gen})
         conn.execute("""
+            CREATE TEMP TABLE picks AS
+            SELECT v.id AS version_id, v.document_id, v.run_id, v.gen_from, o AS ordinal,
+                   (1 + floor(random() * %(nr)s))::bigint AS ra, (1 + floor(random() * %(nr)s))::bigint AS rb
+            FROM corpusync.document_versions v CROSS JOIN generate_series(0, %(per)s - 1) o
+            WHERE v.parser = 'synthetic' AND NOT EXISTS (SELECT 1 FROM corpusync.chunks c WHERE c.version_id = v.id)
+            """, {"per": per_doc, "nr": n_real})
+        conn.execute("""
             INSERT INTO corpusync.chunks (version_id, document_id, ordinal, chunk_key, text, text_sha256, token_count,
                 char_start, char_end, model_id, dense, search_text, run_id, gen_from)
-            SELECT v.id, v.document_id, o, md5(v.id::text || ':' || o), t.text, md5(t.text), a.token_count, 0,
-                   greatest(length(t.text), 1), %(model)s,
-                   l2_normalize(a.dense::vector + b.dense::vector)::halfvec, a.search_text || ' ' || b.search_text,
-                   v.run_id, v.gen_from
-            FROM corpusync.document_versions v
-            CROSS JOIN generate_series(0, %(per)s - 1) o
-            CROSS JOIN LATERAL (SELECT (1 + floor(random() * %(nr)s))::bigint AS ra,
-                                       (1 + floor(random() * %(nr)s))::bigint AS rb, v.id AS vid) pick
-            JOIN real_chunks a ON a.rn = pick.ra
-            JOIN real_chunks b ON b.rn = pick.rb
+            SELECT k.version_id, k.document_id, k.ordinal, md5(k.version_id::text || ':' || k.ordinal), t.text,
+                   md5(t.text), a.token_count, 0, greatest(length(t.text), 1), %(model)s,
+                   l2_normalize(a.dense::vector + b.dense::vector)::halfvec, a.search_text,
+                   k.run_id, k.gen_from
+            FROM picks k
+            JOIN real_chunks a ON a.rn = k.ra
+            JOIN real_chunks b ON b.rn = k.rb
             CROSS JOIN LATERAL (SELECT left(a.text, length(a.text) / 2) || right(b.text, length(b.text) / 2) AS text) t
-            WHERE v.parser = 'synthetic' AND NOT EXISTS (SELECT 1 FROM corpusync.chunks c WHERE c.version_id = v.id)
-            """, {"model": model_id, "per": per_doc, "nr": n_real})
+            """, {"model": model_id})
+        # the synthetic chunk's terms: those of its first real chunk (real term and length distributions)
+        conn.execute("""
+            INSERT INTO corpusync.postings (term_id, version_id, ordinal, tf, dl)
+            SELECT p.term_id, k.version_id, k.ordinal, p.tf, p.dl
+            FROM picks k
+            JOIN real_chunks a ON a.rn = k.ra
+            JOIN corpusync.postings p ON p.version_id = a.version_id AND p.ordinal = a.ordinal""")
+        conn.execute("""
+            UPDATE corpusync.document_versions v SET chunk_count = s.n, lexical_tokens = s.tokens
+            FROM (SELECT k.version_id, count(*) AS n, sum(a.dl) AS tokens FROM picks k
+                  JOIN real_chunks a ON a.rn = k.ra GROUP BY k.version_id) s
+            WHERE v.id = s.version_id""")
     conn.execute("SET maintenance_work_mem = '1GB'")
     conn.execute(sql.SQL(Path(__file__).resolve().parent.parent.joinpath("sql/queries/create_dense_index.sql")
                          .read_text()).format(index_name=sql.Identifier(f"chunks_dense_m{model_id}"),
                                               dim=sql.Literal(dim), model_id=sql.Literal(model_id)))
-    conn.execute("ANALYZE corpusync.chunks")
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("VACUUM (ANALYZE) corpusync.chunks")
+    conn.execute("VACUUM (ANALYZE) corpusync.postings")  # index-only scans of the postings need the visibility map
+    conn.autocommit = False
     total = conn.execute("SELECT count(*) FROM corpusync.live_chunks").fetchone()[0]
     print(f"scaled up to {total:,} live chunks in {time.perf_counter() - t0:.0f} s (HNSW rebuilt)")
     return int(total)
@@ -122,7 +146,8 @@ def main() -> None:
         questions += [q.question for q in sample_questions(load_goldset(args.goldsets / name), per_set).questions]
     embedder = build_embedder(settings)
     vectors = embedder.embed(questions).dense
-    texts = [" ".join(query_terms(q)) for q in questions]
+    analyzer = Analyzer.from_settings(settings)
+    texts = [analyzer.query(q).sql_text() for q in questions]
     shares = dict(conn.execute("SELECT split_part(source_path, '/', 1), count(*) FROM corpusync.live_chunks "
                                "GROUP BY 1").fetchall())
     filters = {"none": "{}", "cmrc2018/ (path)": '{"path": "cmrc2018/"}',

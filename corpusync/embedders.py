@@ -212,6 +212,18 @@ class FlagEmbedder:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         return [tuple(o) for o in enc["offset_mapping"]]
 
+    def coverage(self, text: str) -> float:
+        """Share of the text's letters and digits that the tokenizer maps to a known token (not [UNK]):
+        how much of a query this model can read at all (MiniLM reads almost no Chinese; bge-m3 reads it)."""
+        unk = self.tokenizer.unk_token_id
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        known = total = 0
+        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+            n = sum(ch.isalnum() for ch in text[a:b])
+            total += n
+            known += n if tid != unk else 0
+        return known / total if total else 1.0
+
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
     @cached_property
     def model(self) -> Any:

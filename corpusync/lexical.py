@@ -1,84 +1,394 @@
-"""Text for Postgres full-text search without a Chinese extension: jieba segments CJK runs into words
-separated by spaces, so the built-in 'simple' configuration indexes them as lexemes. The same function
-runs at index time and at query time."""
+"""The tokenizer behind the Okapi BM25 lexical channel. The same token lists are written at index time, parsed
+from queries and fed to a bm25s reference in tests, so every rule here is deterministic and versioned: any
+change to the rules bumps TOKENIZER_VERSION, and dictionary contents go into `Analyzer.fingerprint`."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
+import threading
 import unicodedata
-from collections.abc import Sequence
-from functools import cache
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
 
-_CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
-# Identifiers like HT2023-0876 or ISO-9001:2015 stay one token (and their parts are added too).
-_WORD = re.compile(r"[0-9A-Za-z\u00c0-\u024f]+(?:[-_./:][0-9A-Za-z\u00c0-\u024f]+)*")
+from corpusync.errors import ConfigError
 
-# Function words that match nearly every chunk and so only add noise to an OR query.
+TOKENIZER_VERSION = "2"
+MAX_TOKEN_CHARS = 64
+QueryMode = Literal["cut", "search"]  # jieba cut (precise) or cut_for_search (also sub-words), as at index time
+
+# Han, the one unspaced script jieba segments: iteration marks, Ext A, URO, compatibility, Ext B..I, G/H.
+CJK = r"\u3005\u3007\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f\U00030000-\U000323af"
+
+
+def _class(ranges: Iterable[tuple[int, int]], keep: Any) -> str:
+    """Character-class body of the code points in `ranges` for which keep(char) holds, as compact ranges."""
+    spans: list[list[int]] = []
+    for lo, hi in ranges:
+        for cp in range(lo, hi + 1):
+            if keep(chr(cp)):
+                if spans and spans[-1][1] == cp - 1:
+                    spans[-1][1] = cp
+                else:
+                    spans.append([cp, cp])
+    return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in spans)
+
+
+def _is_mark(ch: str) -> bool:
+    return unicodedata.category(ch)[0] == "M"
+
+
+# Combining marks: Python's \w leaves them out, which would cut Devanagari, Arabic or Thai words apart.
+_MARKS = _class([(0x0300, 0x1FFFF)], _is_mark)
+# Unspaced scripts jieba does not know (kana, Thai, Lao, Myanmar, Khmer): letters, digits and marks only.
+_BIGRAM = _class(
+    [(0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x19E0, 0x19FF), (0x3041, 0x30FF), (0x31F0, 0x31FF),
+     (0xA9E0, 0xA9FF), (0xAA60, 0xAA7F), (0x1B000, 0x1B16F)],
+    lambda ch: ch.isalnum() or _is_mark(ch),
+)
+_X = f"[^\\W_{CJK}{_BIGRAM}]"  # a letter or digit of a spaced script
+_W = f"{_X}++(?:[{_MARKS}]++{_X}*+)*+"  # unrolled and possessive: linear on a 5 MB word, no backtracking
+_SEP = "-_./:"
+_WORD = f"{_W}(?:[{re.escape(_SEP)}]{_W})*+"  # identifiers such as HT2023-0876, ISO-9001:2015, v1.2.3
+_SCAN = re.compile(f"(?P<h>[{CJK}]+)|(?P<b>[{_BIGRAM}]+)|(?P<w>{_WORD})")
+_WORD_FULL = re.compile(_WORD)
+_X_ONE = re.compile(_X)
+_HAS_SEP = re.compile(f"[{re.escape(_SEP)}]").search
+_SPLIT_SEP = re.compile(f"[{re.escape(_SEP)}]+").split
+_HAS_MARK = re.compile(f"[{_MARKS}]").search
+_CLUSTER = re.compile(f"[^{_MARKS}][{_MARKS}]*|[{_MARKS}]+")
+_ALL_HAN = re.compile(f"[{CJK}]+")
+_QUERY = re.compile(r'(?P<neg>(?<!\S)-)?"(?P<ph>[^"]*)"|(?<!\S)-(?P<ex>[^\s"]+)|(?P<plain>[^\s"]+|\s+|")')
+# Invisible characters that split words in extracted text: soft hyphen, zero-width space, word joiner, BOM,
+# variation selectors. Dropped by normalize so both the stored text and the tokens ignore them.
+_INVISIBLE = dict.fromkeys([0xAD, 0x200B, 0x2060, 0xFEFF, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
+_CURLY_QUOTES = {0x201C: '"', 0x201D: '"'}
+
+# Function and question words: they match nearly every chunk and only add noise to an OR query. Dropped from
+# scored query terms only; documents keep them. Simplified and lower-case, as normalize() leaves text.
 STOPWORDS = frozenset(
     (
-        "的 了 和 是 在 与 及 或 等 之 其 为 对 由 于 以 而 也 就 都 这 那 有 中 上 下 "
-        "将 被 把 从 向 到 个 么 吗 呢 吧 "
-        "a an the of to in on at for and or is are was were be been by with as from that this it its "
-        "what which who whom when where why how did does do"
+        "的 了 着 过 和 与 及 或 并 而 且 但 是 在 于 为 对 由 以 之 其 等 也 就 都 又 还 这 那 此 该 有 中 上 下 "
+        "将 被 把 从 向 到 给 个 么 吗 呢 吧 啊 呀 嘛 什么 什么样 哪 哪个 哪些 哪里 哪儿 哪种 谁 如何 怎么 怎样 "
+        "怎么样 多少 多久 几 几个 为什么 为何 何时 是否 是不是 有没有 请问 请 关于 一个 这个 那个 这些 那些 "
+        "我 你 您 他 她 它 我们 你们 他们 "
+        "a an the of to in on at for and or but is are was were be been being am by with as from into about "
+        "that this these those it its there their they them he she his her we our you your i me my "
+        "what which who whom whose when where why how did does do can could would please"
     ).split()
 )
 
 
+def _normalize(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text.translate(_INVISIBLE).replace("№", "no ")).casefold()
+    try:
+        text = _opencc().convert(text)
+    except UnicodeEncodeError:  # lone surrogates (undecodable bytes kept by surrogateescape): drop them
+        text = _opencc().convert(text.encode("utf-8", "ignore").decode("utf-8"))
+    return " ".join(text.split())
+
+
 @cache
-def _jieba() -> Any:
+def _opencc() -> Any:
+    import opencc
+
+    return opencc.OpenCC("t2s")
+
+
+@cache
+def _jieba_base() -> Any:
+    """A private, never modified jieba.Tokenizer; Analyzers with words of their own get a copy of its dict."""
     import jieba
 
     jieba.setLogLevel(logging.WARNING)
-    jieba.initialize()
-    return jieba
+    tk = jieba.Tokenizer()
+    tk.initialize()
+    return tk
 
 
-def tokens(text: str, *, for_query: bool = False) -> list[str]:
-    """Lower-cased search tokens: jieba words for CJK, whole identifiers plus their parts otherwise."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    out: list[str] = []
-    pos = 0
-    for m in _CJK_RUN.finditer(text):
-        out.extend(_latin_tokens(text[pos : m.start()]))
-        jb = _jieba()
-        words = jb.cut(m.group(0)) if for_query else jb.cut_for_search(m.group(0))
-        out.extend(w for w in words if w.strip())
-        pos = m.end()
-    out.extend(_latin_tokens(text[pos:]))
-    if for_query:
-        out = [t for t in out if t not in STOPWORDS]
-    return out
+def _read(path: Path | None, what: str) -> bytes:
+    if path is None:
+        return b""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the {what} file: {e}") from e
 
 
-def _latin_tokens(text: str) -> list[str]:
-    out: list[str] = []
-    for m in _WORD.finditer(text):
-        word = m.group(0)
-        out.append(word)
-        if any(ch in word for ch in "-_./:"):
-            out.extend(p for p in re.split(r"[-_./:]", word) if p)
-    return out
+def _lines(path: Path | None, data: bytes, what: str) -> Iterable[tuple[int, str, str]]:
+    """(line number, stripped line, location for messages) of non-blank, non-comment lines."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        at = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{at}: {what} file is not UTF-8") from e
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            yield n, line, f"{path}:{n}"
 
 
-def index_text(text: str) -> str:
-    """What goes into chunks.search_text (to_tsvector('simple', ...) makes the lexemes)."""
-    return " ".join(tokens(text))
+def _literal(word: str) -> str:
+    """A user word jieba never sees (not all Han, e.g. c++ or t恤) as a pattern that will not match mid-word."""
+    pat = re.escape(word)
+    if _X_ONE.match(word[0]):
+        pat = f"(?<!{_X}){pat}"
+    if _X_ONE.match(word[-1]):
+        pat = f"{pat}(?!{_X})"
+    return pat
 
 
-def index_texts(texts: Sequence[str], processes: int = 1, *, min_per_process: int = 1000) -> list[str]:
-    """index_text for many texts. jieba is pure Python (about 2,000 chunks/s on one core), as slow as a GPU
-    embeds; with processes > 1 and enough texts it runs in a pool of spawned processes, in order."""
-    processes = min(processes, len(texts) // min_per_process)
-    if processes <= 1:
-        return [index_text(t) for t in texts]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+class _State:
+    """What an Analyzer's files compile to: built once per fingerprint and process (jieba's dict is ~15 MB)."""
 
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch and Prefect threads
-    with ProcessPoolExecutor(max_workers=processes, mp_context=ctx, initializer=_jieba) as pool:
-        return list(pool.map(index_text, texts, chunksize=max(1, min(256, len(texts) // (4 * processes)))))
+    def __init__(self, lex_path: Path | None, lex: bytes, syn_path: Path | None, syn: bytes) -> None:
+        words: list[tuple[str, int | None, str | None]] = []
+        patterns: list[str] = []
+        for _n, line, where in _lines(lex_path, lex, "lexicon"):
+            if line.startswith("re:"):
+                try:
+                    if re.compile(line[3:], re.IGNORECASE).fullmatch(""):
+                        raise ConfigError(f"{where}: pattern {line[3:]!r} matches the empty string")
+                except re.error as e:
+                    raise ConfigError(f"{where}: bad pattern {line[3:]!r}: {e}") from e
+                patterns.append(line[3:])
+                continue
+            parts = line.split()
+            freq = int(parts.pop(1)) if len(parts) > 1 and parts[1].isdigit() else None
+            if len(parts) > 2 or freq == 0:
+                raise ConfigError(f"{where}: expected 'word [freq>0] [tag]', got {line!r}")
+            words.append((_normalize(parts[0]), freq, parts[1] if len(parts) > 1 else None))
+        self.synonyms: dict[str, str] = {}
+        first_line: dict[str, int] = {}
+        for n, line, where in _lines(syn_path, syn, "synonyms"):
+            group = [t for t in (_normalize(e) for e in re.split("[,，]", line)) if t]
+            for term in group:
+                if len(term) > MAX_TOKEN_CHARS or term.startswith("-") or any(c.isspace() or c == '"' for c in term):
+                    raise ConfigError(f"{where}: {term!r} cannot be one token (space, quote, leading '-' or long)")
+                if self.synonyms.get(term, group[0]) != group[0]:
+                    raise ConfigError(f"{where}: {term!r} is already in the group of line {first_line[term]}")
+                self.synonyms[term] = group[0]
+                first_line.setdefault(term, n)
+                words.append((term, None, None))
+        for word, _freq, _tag in words:
+            if not _ALL_HAN.fullmatch(word) and not _WORD_FULL.fullmatch(word):
+                patterns.append(_literal(word))
+        han = [w for w in words if _ALL_HAN.fullmatch(w[0]) and len(w[0]) > 1]
+        self.jieba = _jieba_base()
+        if han:
+            import jieba
+
+            tk = jieba.Tokenizer()
+            tk.FREQ, tk.total, tk.initialized = dict(self.jieba.FREQ), self.jieba.total, True
+            for word, freq, tag in han:
+                tk.add_word(word, freq, tag)
+            self.jieba = tk
+        self.user_re: re.Pattern[str] | None = None
+        if patterns:
+            try:
+                self.user_re = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+            except re.error as e:
+                raise ConfigError(f"{lex_path}: the re: patterns cannot be combined (use (?i:...) flags): {e}") from e
+
+
+_STATES: OrderedDict[str, _State] = OrderedDict()
+_STATES_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """A query split into what BM25 scores and what SQL filters on. Surfaces are normalize()d text."""
+
+    terms: list[str]
+    phrases: list[str]
+    excluded_terms: list[str]
+    excluded_phrases: list[str]
+
+    def sql_text(self) -> str:
+        """What the SQL functions parse: `tok "surface" -tok -"surface"`, single-space separated."""
+        return " ".join([*self.terms, *(f'"{p}"' for p in self.phrases), *(f"-{t}" for t in self.excluded_terms),
+                         *(f'-"{p}"' for p in self.excluded_phrases)])
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to look for (exclusions alone select nothing)."""
+        return not self.terms and not self.phrases
+
+
+class Analyzer:
+    """Normalization and tokens for one lexicon + synonyms pair. Picklable: a spawned worker rebuilds jieba."""
+
+    def __init__(self, lexicon: Path | None = None, synonyms: Path | None = None, *,
+                 query_mode: QueryMode = "cut") -> None:
+        if query_mode not in ("cut", "search"):
+            raise ValueError(f"query_mode must be 'cut' or 'search', not {query_mode!r}")
+        self.lexicon, self.synonyms, self.query_mode = lexicon, synonyms, query_mode
+        self._lex, self._syn = _read(lexicon, "lexicon"), _read(synonyms, "synonyms")
+        self._fingerprint = self._compute_fingerprint()
+        self._state = self._build()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Analyzer:
+        """One Analyzer per (file, content) pair: cheap to call per query or per batch."""
+        lex, syn = settings.lexicon, settings.synonyms
+        lex_sha, syn_sha = (hashlib.sha256(_read(p, "dictionary")).hexdigest() for p in (lex, syn))
+        return _cached_analyzer(lex, lex_sha, syn, syn_sha)
+
+    def _compute_fingerprint(self) -> str:
+        import jieba
+        import opencc
+
+        h = hashlib.sha256()
+        for part in (TOKENIZER_VERSION, jieba.__version__, getattr(opencc, "__version__", "?"),
+                     unicodedata.unidata_version, " ".join(sorted(STOPWORDS))):
+            h.update(f"{len(part.encode())}:{part}".encode())
+        for data in (self._lex, self._syn):
+            h.update(f"{len(data)}:".encode() + data)
+        return h.hexdigest()[:16]
+
+    def _build(self) -> _State:
+        with _STATES_LOCK:
+            state = _STATES.get(self._fingerprint)
+            if state is None:
+                state = _State(self.lexicon, self._lex, self.synonyms, self._syn)
+                _STATES[self._fingerprint] = state
+                while len(_STATES) > 4:  # a long-lived process seldom sees more configurations
+                    _STATES.popitem(last=False)
+            return state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_state"}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._state = self._build()
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the tokens of some text could: rules, library versions, dictionary contents."""
+        return self._fingerprint
+
+    def normalize(self, text: str) -> str:
+        """NFKC, case-folded, Traditional->Simplified, single spaces: the stored search text and phrase surface."""
+        return _normalize(text)
+
+    def tokens(self, text: str) -> list[str]:
+        """Index tokens of raw text, repeated and in order (BM25 term frequencies)."""
+        return self._analyze(text)[1]
+
+    def _analyze(self, text: str) -> tuple[str, list[str]]:
+        norm = _normalize(text)
+        return norm, self._tokens(norm, "search")
+
+    def _tokens(self, norm: str, mode: QueryMode, parts: bool = True) -> list[str]:
+        """Tokens of normalized text; parts=False leaves out identifier parts (to count a word's tokens)."""
+        st = self._state
+        if st.user_re is None:
+            out = self._scan(norm, mode, parts)
+        else:
+            out, pos = [], 0
+            for m in st.user_re.finditer(norm):
+                if m.end() == m.start():
+                    continue
+                out += self._scan(norm[pos : m.start()], mode, parts)
+                whole = "".join(m.group().split()).replace('"', "").lstrip("-")
+                inner = self._scan(m.group(), mode, parts)
+                if whole and len(whole) <= MAX_TOKEN_CHARS:
+                    out.append(whole)
+                    inner = [t for t in inner if t != whole] if parts else []
+                out += inner
+                pos = m.end()
+            out += self._scan(norm[pos:], mode, parts)
+        if st.synonyms:
+            out = [st.synonyms.get(t, t) for t in out]
+        return out
+
+    def _scan(self, text: str, mode: QueryMode, parts: bool) -> list[str]:
+        cut = self._state.jieba.cut_for_search if mode == "search" else self._state.jieba.cut
+        out: list[str] = []
+        for m in _SCAN.finditer(text):
+            s, kind = m.group(), m.lastgroup
+            if kind == "w":
+                if len(s) <= MAX_TOKEN_CHARS:
+                    out.append(s)
+                if (parts or len(s) > MAX_TOKEN_CHARS) and _HAS_SEP(s):
+                    out.extend(p for p in _SPLIT_SEP(s) if len(p) <= MAX_TOKEN_CHARS)
+            elif kind == "h":  # jieba yields Han it does not know (Ext A, B, ...) one character at a time
+                out.extend(w for w in cut(s) if len(w) <= MAX_TOKEN_CHARS)
+            else:
+                units: Sequence[str] = _CLUSTER.findall(s) if _HAS_MARK(s) else s
+                if len(units) == 1:
+                    out.append(units[0])
+                else:
+                    out.extend(g for g in map("".join, pairwise(units)) if len(g) <= MAX_TOKEN_CHARS)
+        return out
+
+    def query(self, text: str, *, mode: QueryMode | None = None) -> ParsedQuery:
+        """Parse `-word` (exclude), `"phrase"` (must appear) and plain text (scored). An unpaired quote is text;
+        `-` excludes only at the start of a word, so HT2023-0876 stays an identifier."""
+        mode = mode or self.query_mode
+        terms: dict[str, None] = {}
+        phrases: dict[str, None] = {}
+        ex_terms: dict[str, None] = {}
+        ex_phrases: dict[str, None] = {}
+        plain: list[str] = []
+
+        def score(norm: str) -> None:
+            for t in self._tokens(norm, mode):
+                if t not in STOPWORDS:
+                    terms.setdefault(t, None)
+
+        for m in _QUERY.finditer(_normalize(text).translate(_CURLY_QUOTES)):
+            if m.group("plain") is not None:
+                plain.append(m.group("plain"))
+                continue
+            score("".join(plain))
+            plain.clear()
+            ph = m.group("ph")
+            surface = " ".join((m.group("ex") if ph is None else ph).split())  # normalized once, like documents
+            if ph is not None and m.group("neg") is None:
+                if surface:
+                    phrases.setdefault(surface, None)
+                    score(surface)
+                continue
+            primary = self._tokens(surface, mode, parts=False)
+            if len(primary) == 1:
+                ex_terms.setdefault(primary[0], None)
+            elif primary:
+                ex_phrases.setdefault(surface, None)
+        score("".join(plain))
+        return ParsedQuery(list(terms), list(phrases), list(ex_terms), list(ex_phrases))
+
+    def index_texts(self, texts: Sequence[str], processes: int = 1, *,
+                    min_per_process: int = 1000) -> list[tuple[str, list[str]]]:
+        """(normalize(t), tokens(t)) per text, in order. jieba is pure Python (~2,000 chunks/s a core), as slow
+        as a GPU embeds; with processes > 1 and enough texts it runs in spawned processes."""
+        processes = min(processes, len(texts) // max(1, min_per_process))
+        if processes <= 1:
+            return [self._analyze(t) for t in texts]
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch and Prefect threads
+        chunksize = max(1, min(256, len(texts) // (4 * processes)))
+        with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_warm, initargs=(self,)) as pool:
+            return list(pool.map(self._analyze, texts, chunksize=chunksize))
+
+
+@lru_cache(maxsize=8)
+def _cached_analyzer(lex: Path | None, _lex_sha: str, syn: Path | None, _syn_sha: str) -> Analyzer:
+    return Analyzer(lex, syn)
+
+
+def _warm(analyzer: Analyzer) -> None:
+    """Pool initializer: unpickling built the worker's jieba; one call loads the HMM model too."""
+    analyzer.tokens("预热")
 
 
 def default_processes() -> int:
@@ -86,11 +396,3 @@ def default_processes() -> int:
     import os
 
     return max(1, min(8, (os.cpu_count() or 1) - 1))
-
-
-def query_terms(text: str) -> list[str]:
-    """Distinct query lexemes, in order."""
-    seen: dict[str, None] = {}
-    for t in tokens(text, for_query=True):
-        seen.setdefault(t, None)
-    return list(seen)

@@ -36,12 +36,14 @@ log = logging.getLogger("corpusync.refresh")
 def chunk_config(ctx: RefreshContext) -> chunk_stage.ChunkConfig:
     budget = min(ctx.settings.chunk_max_tokens, ctx.embedder.identity.max_tokens)
     return chunk_stage.ChunkConfig(max_tokens=budget, overlap=ctx.settings.chunk_overlap,
-                                   strategy=ctx.settings.chunk_strategy)
+                                   strategy=ctx.settings.chunk_strategy)  # TEMP min_tokens
 
 
 def pipeline_fingerprint(ctx: RefreshContext) -> str:
-    """What must match for a stored version to count as up to date: parser, chunker and model."""
+    """What must match for a stored version to count as up to date: parser, chunker, lexical analyzer
+    (rules, dictionaries, jieba version) and model."""
     raw = "|".join([parse_stage.parser_fingerprint(ctx.settings.parse_options()), chunk_config(ctx).fingerprint,
+                    "lexical=" + lexical.Analyzer.from_settings(ctx.settings).fingerprint,
                     ctx.embedder.identity.identity_hash])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
@@ -158,7 +160,8 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
             processes = ctx.settings.segment_processes or lexical.default_processes()
             embedded, stats = embed_stage.embed_documents(
                 chunked, ctx.embedder, stored, ctx.settings.embed_batch_tokens, bar.advance,
-                segment=functools.partial(lexical.index_texts, processes=processes))
+                segment=functools.partial(lexical.Analyzer.from_settings(ctx.settings).index_texts,
+                                          processes=processes))
     ctx.summary.chunks.embedded = stats.embedded
     ctx.summary.chunks.reused = stats.reused + stats.deduplicated
     return embedded

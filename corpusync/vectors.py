@@ -9,6 +9,7 @@ imports this module without it).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 
 # Column names of an embedding record batch.
 DENSE, SPARSE_INDICES, SPARSE_VALUES, SEARCH_TEXT = "dense", "sparse_indices", "sparse_values", "search_text"
+TERMS, TERM_FREQS = "terms", "term_freqs"  # the chunk's distinct lexical terms and their frequencies
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,37 @@ def concat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndar
     return np.repeat(starts - out_start, counts) + np.arange(total, dtype=np.int64)
 
 
-def embedding_batch(dense: np.ndarray, sparse: SparseRows | None, search_text: Sequence[str] | None = None) -> Any:
+@dataclass(frozen=True)
+class LexicalRows:
+    """The lexical index of some chunks: normalised search text, distinct terms (first-occurrence order)
+    and their frequencies, row i for chunk i."""
+
+    search_text: list[str]
+    terms: list[list[str]]
+    freqs: list[list[int]]
+
+    @classmethod
+    def from_tokens(cls, analysed: Sequence[tuple[str, Sequence[str]]]) -> LexicalRows:
+        """From (normalised text, tokens with repetitions) per chunk, as lexical.Analyzer.index_texts gives."""
+        texts, terms, freqs = [], [], []
+        for text, tokens in analysed:
+            counts = Counter(tokens)
+            texts.append(text)
+            terms.append(list(counts))
+            freqs.append(list(counts.values()))
+        return cls(texts, terms, freqs)
+
+    def take(self, rows: Sequence[int]) -> LexicalRows:
+        return LexicalRows([self.search_text[i] for i in rows], [self.terms[i] for i in rows],
+                           [self.freqs[i] for i in rows])
+
+    def __len__(self) -> int:
+        return len(self.search_text)
+
+
+def embedding_batch(dense: np.ndarray, sparse: SparseRows | None, lexical: LexicalRows | None = None) -> Any:
     """One Arrow record batch: dense as fixed_size_list<float32>[d], sparse as two list columns, and the
-    segmented full-text index text when it was computed alongside."""
+    lexical index (search text, terms, term frequencies) when it was computed alongside."""
     import pyarrow as pa
 
     dense = np.ascontiguousarray(dense, dtype=np.float32)
@@ -133,11 +163,12 @@ def embedding_batch(dense: np.ndarray, sparse: SparseRows | None, search_text: S
             raise ValueError(f"{len(sparse)} sparse rows for {n} dense rows")
         arrays += list(sparse.to_arrow())
         names += [SPARSE_INDICES, SPARSE_VALUES]
-    if search_text is not None:
-        if len(search_text) != n:
-            raise ValueError(f"{len(search_text)} search texts for {n} dense rows")
-        arrays.append(pa.array(search_text, pa.string()))
-        names.append(SEARCH_TEXT)
+    if lexical is not None:
+        if len(lexical) != n:
+            raise ValueError(f"{len(lexical)} lexical rows for {n} dense rows")
+        arrays += [pa.array(lexical.search_text, pa.string()), pa.array(lexical.terms, pa.list_(pa.string())),
+                   pa.array(lexical.freqs, pa.list_(pa.int32()))]
+        names += [SEARCH_TEXT, TERMS, TERM_FREQS]
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 

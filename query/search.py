@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 import psycopg
@@ -17,6 +18,7 @@ from psycopg.types.json import Jsonb
 from corpusync import db, lexical
 from corpusync.embedders import Embedder, build_embedder
 from corpusync.errors import CorpusyncError, ModelMismatch
+from evaluation.fusion import CHANNELS, Fusion
 from schemas.settings import Settings
 
 Mode = Literal["hybrid", "dense", "lexical", "sparse"]
@@ -71,12 +73,33 @@ class Searcher:
         self.settings = settings
         self.conn = conn
         self._embedder = embedder
+        self._fusions: dict[int, Fusion] = {}
 
     @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
             self._embedder = build_embedder(self.settings)
         return self._embedder
+
+    @cached_property
+    def analyzer(self) -> lexical.Analyzer:
+        return lexical.Analyzer.from_settings(self.settings)
+
+    def dense_coverage(self, text: str) -> float:
+        """How much of the query the dense model can read (1.0 when the embedder cannot tell)."""
+        coverage = getattr(self.embedder, "coverage", None)
+        return float(coverage(text)) if callable(coverage) else 1.0
+
+    def fusion(self, model_id: int) -> Fusion:
+        """The fusion in force: settings given explicitly, then the one tuned for this model, then RRF with
+        weight 1 and k 60."""
+        if model_id not in self._fusions:
+            row = db.fetch_one(self.conn, "latest_fusion", {"model_id": model_id})
+            stored = Fusion.from_dict(row) if row else Fusion()
+            weights = {c: float(self.settings.rrf_weights.get(c, stored.weights.get(c, 1.0))) for c in CHANNELS}
+            self._fusions[model_id] = Fusion(method="rrf", weights=weights,
+                                             rrf_k=float(self.settings.rrf_k or stored.rrf_k))
+        return self._fusions[model_id]
 
     def published_generation(self) -> int:
         state = db.fetch_one(self.conn, "index_state")
@@ -107,12 +130,14 @@ class Searcher:
 
     def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
                query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
-               rerank: bool = False) -> list[Hit]:
+               rerank: bool = False, fusion: Fusion | None = None) -> list[Hit]:
         """Top-k hits of one generation (the published one unless given), each channel filtered.
 
         `query_vector`: the text's embedding when the caller already has it (evaluation embeds all
         questions in one batch). `filters`: see `build_filter`. `rerank`: re-order the fused top
         candidates with the configured cross-encoder (skipped, with a warning, when none is configured).
+        `fusion`: hybrid fusion to use as given (no coverage scaling); default: `self.fusion()` with the
+        dense weight scaled by `dense_coverage(text)`.
         """
         if mode not in MODES:
             raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
@@ -130,9 +155,17 @@ class Searcher:
                 f"sparse retrieval needs a model with trained sparse weights (bge-m3); {identity.label} has none. "
                 "Use --mode lexical for keyword search."
             )
-        w = self.settings.rrf_weights
         use = {"dense": mode in ("dense", "hybrid"), "lexical": mode in ("lexical", "hybrid"),
                "sparse": mode in ("sparse", "hybrid") and identity.sparse_trained}
+        if mode != "hybrid":
+            fusion = Fusion()  # one channel: its own ranking
+        elif fusion is None:
+            fusion = self.fusion(int(state["model_id"]))
+            if self.settings.dense_coverage_weighting and fusion.weights["dense"] > 0:
+                fusion = replace(fusion, weights={**fusion.weights,
+                                                  "dense": fusion.weights["dense"] * self.dense_coverage(text)})
+        w = fusion.weights
+        use = {c: on and w[c] > 0 for c, on in use.items()}
         qvec = qsparse = None
         out = self.embedder.embed([text]) if (use["dense"] and query_vector is None) or use["sparse"] else None
         if use["dense"]:
@@ -141,12 +174,12 @@ class Searcher:
             qsparse = SparseVector(out.sparse.row(0), identity.sparse_dim)
         pool = max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
-            "qtext": " ".join(lexical.query_terms(text)), "qvec": qvec, "qsparse": qsparse,
+            "qtext": self.analyzer.query(text).sql_text(), "qvec": qvec, "qsparse": qsparse,
             "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)), "generation": generation,
             "w_dense": w.get("dense", 1.0) if use["dense"] else 0.0,
             "w_lex": w.get("lexical", 1.0) if use["lexical"] else 0.0,
             "w_sparse": w.get("sparse", 1.0) if use["sparse"] else 0.0,
-            "rrf_k": float(self.settings.rrf_k), "pool": pool,
+            "rrf_k": fusion.rrf_k, "pool": pool, "k1": self.settings.bm25_k1, "b": self.settings.bm25_b,
         }
         try:
             with self.conn.transaction():

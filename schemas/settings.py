@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     chunk_overlap: float = Field(
         0.12, ge=0.0, le=0.3, description="Share of the budget repeated between neighbouring chunks."
     )
+    chunk_min_tokens: int = Field(
+        32,
+        ge=0,
+        description="Chunks shorter than this (in model tokens) merge with a neighbour of their section, and a "
+        "heading never stands alone; only a document that is itself this short makes one smaller chunk.",
+    )
 
     validate_chunks: bool = Field(
         True, description="Run the great-expectations chunk suite before load (failing documents are quarantined)."
@@ -150,11 +156,36 @@ class Settings(BaseSettings):
         "(0: fail at once with a clear message).",
     )
 
+    # --- lexical index (Okapi BM25 in PostgreSQL) -------------------------------------------------
+    lexicon: Path | None = Field(
+        None,
+        description="A jieba user dictionary (one term per line: 'word [freq] [tag]'; domain terms such as "
+        "不可抗力 stay one token) and, on lines 're:PATTERN', identifier patterns kept as one token. Part of the "
+        "pipeline fingerprint: changing it re-segments the index.",
+    )
+    synonyms: Path | None = Field(
+        None,
+        description="Synonyms file: one group of equivalent terms per line, comma separated; every term of a "
+        "group is indexed and queried as the group's first term. Part of the pipeline fingerprint.",
+    )
+    bm25_k1: float = Field(1.2, ge=0, le=10, description="BM25 term-frequency saturation (k1).")
+    bm25_b: float = Field(0.75, ge=0, le=1, description="BM25 length normalisation (b).")
+
     # --- query -----------------------------------------------------------------------------------
-    rrf_k: int = Field(60, gt=0, description="Reciprocal rank fusion constant.")
+    rrf_k: float | None = Field(
+        None, gt=0, description="Reciprocal rank fusion constant. Unset: the fusion tuned for the index "
+        "(corpusync eval --tune-fusion), else 60.",
+    )
     rrf_weights: dict[str, float] = Field(
-        default_factory=lambda: {"dense": 1.0, "lexical": 1.0, "sparse": 1.0},
-        description="Per-channel weight in hybrid fusion (score = sum of weight / (rrf_k + rank)).",
+        default_factory=dict,
+        description="Per-channel weight in hybrid fusion (score = sum of weight / (rrf_k + rank)), e.g. "
+        '{"dense": 1, "lexical": 2}. Channels not given: the fusion tuned for the index, else 1.',
+    )
+    dense_coverage_weighting: bool = Field(
+        True,
+        description="Scale the dense weight by the share of the query the embedding model can read (characters "
+        "its tokenizer does not map to the unknown token): a model that cannot read a language does not vote "
+        "on queries in it.",
     )
     reranker_path: Path | None = Field(
         None,
@@ -244,6 +275,9 @@ class Settings(BaseSettings):
                 "chunk_max_tokens",
                 "chunk_strategy",
                 "chunk_overlap",
+                "chunk_min_tokens",
+                "bm25_k1",
+                "bm25_b",
                 "max_file_bytes",
                 "ocr_engine",
                 "ocr_dpi",
@@ -253,7 +287,9 @@ class Settings(BaseSettings):
                 "retention_generations",
                 "max_delete_fraction",
             },
-        ) | {"model_path": str(self.model_path) if self.model_path else None} | self.gate_config()
+        ) | {"model_path": str(self.model_path) if self.model_path else None,
+             "lexicon": str(self.lexicon) if self.lexicon else None,
+             "synonyms": str(self.synonyms) if self.synonyms else None} | self.gate_config()
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corpusync.embedders import Embedder, EmbeddingOutput
-from corpusync.vectors import SparseRows, VectorTable, embedding_batch
+from corpusync.vectors import LexicalRows, SparseRows, VectorTable, embedding_batch
 
 if TYPE_CHECKING:
     from schemas.records import ChunkedDocument, EmbeddedDocument
@@ -222,39 +222,41 @@ def embed_documents(
     stored: VectorTable,
     token_budget: int,
     on_batch: Callable[[int], None] | None = None,
-    segment: Callable[[Sequence[str]], list[str]] | None = None,
+    segment: Callable[[Sequence[str]], Sequence[tuple[str, Sequence[str]]]] | None = None,
 ) -> tuple[list[EmbeddedDocument], EmbedStats]:
     """Vectors for every chunk of docs, one Arrow record batch per document. `stored` holds vectors already
-    in the index for this model identity, keyed by text hash: those are copied, not recomputed.
+    in the index for this model identity, keyed by the hash of the model input: those are copied, not
+    recomputed. What is embedded is each chunk's `model_text` (its breadcrumb, then its text).
 
-    `segment` (texts -> full-text index texts, e.g. lexical.index_texts) runs on a thread while the model
-    embeds, so the CPU-bound segmentation overlaps the device; its result becomes a `search_text` column."""
+    `segment` (texts -> (normalised text, tokens) each, e.g. lexical.Analyzer.index_texts) runs on a thread
+    while the model embeds, so the CPU-bound segmentation overlaps the device; its result becomes the
+    lexical columns (search text, terms, term frequencies)."""
     stats = EmbedStats()
-    todo: dict[str, str] = {}  # text hash -> text, first occurrence order
-    distinct: dict[str, str] = {}  # every chunk text of this batch (for segmentation)
+    todo: dict[str, str] = {}  # model-input hash -> model input, first occurrence order
+    distinct: dict[str, str] = {}  # every model input of this batch (for segmentation)
     for d in docs:
         for c in d.chunks:
-            distinct.setdefault(c.text_sha256, c.text)
+            distinct.setdefault(c.text_sha256, getattr(c, "model_text", c.text))  # TEMP
             if c.text_sha256 in stored.rows:
                 stats.reused += 1
             elif c.text_sha256 in todo:
                 stats.deduplicated += 1
             else:
-                todo[c.text_sha256] = c.text
+                todo[c.text_sha256] = getattr(c, "model_text", c.text)  # TEMP
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment") as pool:
         segmented = pool.submit(segment, list(distinct.values())) if segment is not None else None
         out = encode_texts(embedder, list(todo.values()), token_budget, stats, on_batch)
-        search_text = dict(zip(distinct, segmented.result(), strict=True)) if segmented is not None else None
+        lexical = LexicalRows.from_tokens(segmented.result()) if segmented is not None else None
     stats.embedded = len(todo)
     fresh = VectorTable({h: i for i, h in enumerate(todo)}, out.dense, out.sparse)
     pool_table = VectorTable.concat([fresh, stored], sparse=embedder.identity.sparse_trained)
+    lexical_row = {h: i for i, h in enumerate(distinct)}
     from schemas.records import EmbeddedDocument
 
     result: list[EmbeddedDocument] = []
     for d in docs:
         rows = np.fromiter((pool_table.rows[c.text_sha256] for c in d.chunks), np.int64, len(d.chunks))
         sparse = pool_table.sparse.take(rows) if pool_table.sparse is not None else None
-        batch = embedding_batch(pool_table.dense[rows], sparse,
-                                [search_text[c.text_sha256] for c in d.chunks] if search_text is not None else None)
-        result.append(EmbeddedDocument(doc=d, vectors=batch))
+        lex = lexical.take([lexical_row[c.text_sha256] for c in d.chunks]) if lexical is not None else None
+        result.append(EmbeddedDocument(doc=d, vectors=embedding_batch(pool_table.dense[rows], sparse, lex)))
     return result, stats

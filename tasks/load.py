@@ -13,12 +13,23 @@ from typing import Any
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
-from corpusync import db, lexical, pgcopy
+from corpusync import db, pgcopy
 from corpusync.embedders import ModelIdentity
 from corpusync.errors import ModelMismatch
-from corpusync.vectors import DENSE, SEARCH_TEXT, SPARSE_INDICES, SPARSE_VALUES, SparseRows, VectorTable, matrix_of
+from corpusync.vectors import (
+    DENSE,
+    SEARCH_TEXT,
+    SPARSE_INDICES,
+    SPARSE_VALUES,
+    TERM_FREQS,
+    TERMS,
+    SparseRows,
+    VectorTable,
+    matrix_of,
+)
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
 
 
@@ -149,6 +160,12 @@ def load_documents(
                                            sparse_dim=sparse_dim):
                     copy.write(pgcopy.encode_rows(fields))
                 copy.write(pgcopy.TRAILER)
+            postings = posting_fields(conn, batch, [v for _, v in ids])
+            if postings is not None:
+                with conn.cursor() as cur, cur.copy(db.q("copy_postings")) as copy:
+                    copy.write(pgcopy.HEADER)
+                    copy.write(pgcopy.encode_rows(postings))
+                    copy.write(pgcopy.TRAILER)
             inserted += sum(len(ed.doc.chunks) for ed in batch)
         if on_document:
             on_document(len(batch))
@@ -171,10 +188,58 @@ def _insert_version(conn: psycopg.Connection, ed: EmbeddedDocument, *, run_id: i
         "chunk_count": len(cd.chunks), "chunk_config": db.as_json(chunk_config),
         "pipeline_fingerprint": fingerprint, "model_id": model_id, "run_id": run_id,
         "metadata": db.as_json(parsed.metadata), "cleaning": db.as_json(parsed.cleaning),
-        "generation": generation,
+        "generation": generation, "lexical_tokens": lexical_tokens(ed),
     })
     assert ver is not None
     return int(doc_row["id"]), int(ver["id"])
+
+
+def lexical_tokens(ed: EmbeddedDocument) -> int:
+    """The document's chunks' lexical lengths added up (BM25's average length is counted from these)."""
+    if TERM_FREQS not in ed.vectors.schema.names:
+        return 0
+    return int(pc.sum(ed.vectors.column(TERM_FREQS).flatten()).as_py() or 0)
+
+
+def term_ids(conn: psycopg.Connection, terms: Sequence[str]) -> dict[str, int]:
+    """Stable ids for terms, new ones added to the lexicon (in the caller's transaction)."""
+    out: dict[str, int] = {}
+    for i in range(0, len(terms), 20000):
+        part = list(terms[i:i + 20000])
+        db.execute(conn, "upsert_terms", {"terms": part})
+        out.update((r["term"], int(r["id"])) for r in db.fetch_all(conn, "term_ids", {"terms": part}))
+    return out
+
+
+def posting_fields(conn: psycopg.Connection, docs: Sequence[EmbeddedDocument],
+                   version_ids: Sequence[int]) -> list[pgcopy.Field] | None:
+    """The columns of copy_postings for these documents' chunks (None when they have no lexical terms):
+    term ids come from one dictionary encoding of all terms of the batch, the rest is array arithmetic."""
+    if not docs or TERMS not in docs[0].vectors.schema.names:
+        return None
+    vectors = pa.Table.from_batches([ed.vectors for ed in docs])
+    terms = vectors.column(TERMS).combine_chunks()
+    flat = terms.flatten()
+    if len(flat) == 0:
+        return None
+    encoded = pc.dictionary_encode(flat)
+    ids = term_ids(conn, encoded.dictionary.to_pylist())
+    id_of = np.array([ids[t] for t in encoded.dictionary.to_pylist()], np.int64)
+    per_chunk = pc.list_value_length(terms).to_numpy(zero_copy_only=False).astype(np.int64)
+    tf = vectors.column(TERM_FREQS).combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    ends = np.cumsum(per_chunk)
+    cum = np.concatenate([[0], np.cumsum(tf)])
+    dl = cum[ends] - cum[ends - per_chunk]
+    counts = [len(ed.doc.chunks) for ed in docs]
+    version = np.repeat(np.asarray(version_ids, np.int64), counts)
+    ordinal = np.fromiter((c.ordinal for ed in docs for c in ed.doc.chunks), np.int64, sum(counts))
+    return [
+        pgcopy.int_field(id_of[encoded.indices.to_numpy(zero_copy_only=False)], 4),
+        pgcopy.int_field(np.repeat(version, per_chunk), 8),
+        pgcopy.int_field(np.repeat(ordinal, per_chunk), 4),
+        pgcopy.int_field(tf, 4),
+        pgcopy.int_field(np.repeat(dl, per_chunk), 4),
+    ]
 
 
 def chunk_fields(docs: Sequence[EmbeddedDocument], ids: Sequence[tuple[int, int]], *, model_id: int, run_id: int,
@@ -228,7 +293,7 @@ def _encode_chunks(docs: Sequence[EmbeddedDocument], ids: Sequence[tuple[int, in
         pgcopy.halfvec_field(matrix_of(dense)),
         pgcopy.sparsevec_field(sparse, n, sparse_dim),
         pgcopy.text_field(vectors.column(SEARCH_TEXT).combine_chunks() if SEARCH_TEXT in vectors.column_names
-                          else [lexical.index_text(c.text) for c in chunks]),
+                          else [""] * n),
         pgcopy.int_field(np.full(n, run_id, np.int64), 8),
         pgcopy.int_field(np.full(n, generation, np.int64), 4),
     ]

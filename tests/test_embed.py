@@ -233,29 +233,29 @@ def test_device_setting_resolves_to_workers(tmp_path) -> None:  # type: ignore[n
 
 def test_segmentation_overlaps_embedding_and_lands_in_the_record_batch(embedder) -> None:  # type: ignore[no-untyped-def]
     import threading
+    from collections import Counter
 
-    from corpusync import lexical
+    from corpusync.lexical import Analyzer
     from schemas.records import Block
     from tasks.chunk import ChunkConfig, chunk_document
     from tests.test_stages_unit import _doc
 
     doc = chunk_document(_doc([Block("text", t) for t in TEXTS]), embedder, ChunkConfig(32, 0.0))
     threads: list[str] = []
+    analyzer = Analyzer()
 
-    def segment(texts: Sequence[str]) -> list[str]:
+    def segment(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
         threads.append(threading.current_thread().name)
-        return lexical.index_texts(texts)
+        return analyzer.index_texts(texts)
 
     out, _ = embed_documents([doc], embedder, VectorTable.empty(384, False), 4096, segment=segment)
-    assert out[0].vectors.column("search_text").to_pylist() == [lexical.index_text(c.text) for c in doc.chunks]
+    batch = out[0].vectors
+    texts = [c.model_text for c in doc.chunks]
+    assert batch.column("search_text").to_pylist() == [analyzer.normalize(t) for t in texts]
+    got = [dict(zip(t, f, strict=True)) for t, f in zip(batch.column("terms").to_pylist(),
+                                                          batch.column("term_freqs").to_pylist(), strict=True)]
+    assert got == [dict(Counter(analyzer.tokens(t))) for t in texts]
     assert threads and threads[0].startswith("segment")  # not the embedding thread
-
-
-def test_segmentation_in_processes_matches_serial() -> None:
-    from corpusync import lexical
-
-    texts = [f"第{i}条 合同编号 HT2023-{i:04d} 的付款方式 payment terms {i}" for i in range(60)]
-    assert lexical.index_texts(texts, processes=2, min_per_process=10) == [lexical.index_text(t) for t in texts]
 
 
 def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:  # type: ignore[no-untyped-def]

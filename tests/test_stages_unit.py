@@ -1,4 +1,4 @@
-"""Pure stage functions: discover, diff, parse errors, chunking, batching, lexical tokens."""
+"""Pure stage functions: discover, diff, parse errors, chunking, batching (lexical tokens: test_lexical.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pymupdf
 import pytest
 
 from corpusync.errors import MassDeleteRefused, ParseError
-from corpusync.lexical import index_text, query_terms
 from schemas.records import Block, DiffPlan, LiveVersion, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
 from tasks.diff import diff
@@ -186,10 +185,3 @@ def test_token_budget_batches() -> None:
     for b in batches:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 200
     assert batches[0][0] == 6  # longest first
-
-
-def test_lexical_tokens_keep_identifiers_and_segment_chinese() -> None:
-    toks = index_text("合同编号 HT2023-0876 的付款方式").split()
-    assert "ht2023-0876" in toks and "ht2023" in toks and "0876" in toks
-    assert "付款" in toks and "合同" in toks
-    assert "的" not in query_terms("合同的付款方式")

@@ -4,9 +4,13 @@
 DROP FUNCTION IF EXISTS corpusync.search_text(text, integer, jsonb) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.search_hybrid(text, halfvec, sparsevec, integer, jsonb, integer, double precision,
                                                 double precision, double precision, double precision, integer) CASCADE;
+DROP FUNCTION IF EXISTS corpusync.search_hybrid(text, halfvec, sparsevec, integer, jsonb, integer, double precision,
+                                                double precision, double precision, double precision, integer,
+                                                double precision, double precision) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, text) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.lexical_query(text) CASCADE;
+DROP FUNCTION IF EXISTS corpusync.lexical_parse(text) CASCADE;
 
 CREATE FUNCTION corpusync.matches_filter(f jsonb, path text, media_type text, mtime timestamptz,
                                          metadata jsonb)
@@ -25,11 +29,47 @@ COMMENT ON FUNCTION corpusync.matches_filter(jsonb, text, text, timestamptz, jso
   '"modified_after"/"modified_before": timestamp, "metadata": {jsonb containment}} ("chunk_type" is '
   'checked per chunk by search_hybrid).';
 
-CREATE FUNCTION corpusync.lexical_query(q text) RETURNS tsquery LANGUAGE sql IMMUTABLE AS $$
-    -- any of the query's tokens (OR), ranked by ts_rank_cd; CJK text must be segmented (space-separated
-    -- words, as `corpusync segment` or the Python API produce) to match the jieba-segmented index
-    SELECT (SELECT string_agg(quote_literal(l), ' | ') FROM unnest(tsvector_to_array(to_tsvector('simple', q))) AS l)::tsquery
+CREATE FUNCTION corpusync.lexical_parse(q text, OUT terms text[], OUT phrases text[],
+                                        OUT excluded_terms text[], OUT excluded_phrases text[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+-- The lexical query syntax over segmented text (what `corpusync segment` prints): terms separated by
+-- spaces are scored; "a quoted phrase" must appear in the chunk's search text (its words are scored too);
+-- -term excludes chunks holding that term; -"a phrase" excludes chunks containing the phrase.
+DECLARE
+    m text[];
+    p text;
+    tok text;
+    rest text;
+BEGIN
+    q := lower(normalize(coalesce(q, ''), NFKC));
+    terms := '{}'; phrases := '{}'; excluded_terms := '{}'; excluded_phrases := '{}';
+    FOR m IN SELECT regexp_matches(q, '(^|\s)(-?)"([^"]*)"', 'g') LOOP
+        p := btrim(regexp_replace(m[3], '\s+', ' ', 'g'));
+        CONTINUE WHEN p = '';
+        IF m[2] = '-' THEN
+            excluded_phrases := excluded_phrases || p;
+        ELSE
+            phrases := phrases || p;
+            terms := terms || string_to_array(p, ' ');
+        END IF;
+    END LOOP;
+    rest := btrim(regexp_replace(q, '(^|\s)-?"[^"]*"', ' ', 'g'));
+    IF rest <> '' THEN
+        FOREACH tok IN ARRAY regexp_split_to_array(rest, '\s+') LOOP
+            tok := replace(tok, '"', '');  -- an unbalanced quote is plain text
+            CONTINUE WHEN tok = '' OR tok = '-';
+            IF left(tok, 1) = '-' THEN
+                excluded_terms := excluded_terms || substr(tok, 2);
+            ELSE
+                terms := terms || tok;
+            END IF;
+        END LOOP;
+    END IF;
+    terms := ARRAY(SELECT t FROM unnest(terms) WITH ORDINALITY AS u(t, i) GROUP BY t ORDER BY min(i));
+END
 $$;
+COMMENT ON FUNCTION corpusync.lexical_parse(text) IS
+  'Parse the lexical query syntax: scored terms, "required phrases", -excluded terms, -"excluded phrases".';
 
 CREATE FUNCTION corpusync.search_hybrid(
     q_text text,
@@ -38,11 +78,13 @@ CREATE FUNCTION corpusync.search_hybrid(
     k integer DEFAULT 10,
     filter jsonb DEFAULT '{}',
     at_generation integer DEFAULT NULL,
-    w_dense double precision DEFAULT 1,
-    w_lexical double precision DEFAULT 1,
-    w_sparse double precision DEFAULT 1,
-    rrf_k double precision DEFAULT 60,
-    pool integer DEFAULT 50
+    w_dense double precision DEFAULT NULL,
+    w_lexical double precision DEFAULT NULL,
+    w_sparse double precision DEFAULT NULL,
+    rrf_k double precision DEFAULT NULL,
+    pool integer DEFAULT 50,
+    bm25_k1 double precision DEFAULT 1.2,
+    bm25_b double precision DEFAULT 0.75
 )
 RETURNS TABLE (
     chunk_id bigint, score double precision, dense_rank bigint, dense_score double precision,
@@ -61,6 +103,9 @@ DECLARE
     sdim integer;
     unknown text[];
     sparse_cte text;
+    lq record;
+    fz record;
+    checks boolean;
 BEGIN
     SELECT array_agg(key) INTO unknown FROM jsonb_object_keys(coalesce(filter, '{}'::jsonb)) AS key
     WHERE key NOT IN ('path', 'glob', 'type', 'chunk_type', 'modified_after', 'modified_before', 'metadata');
@@ -78,6 +123,21 @@ BEGIN
         RAISE EXCEPTION 'q_dense has % dimensions; generation % was embedded with % dimensions',
             vector_dims(q_dense), gen, dim;
     END IF;
+    -- weights not given come from the fusion tuned for this model (corpusync eval --tune-fusion), else 1
+    SELECT f.weights, f.rrf_k INTO fz FROM corpusync.fusions f WHERE f.model_id = mid
+    ORDER BY f.created_at DESC, f.id DESC LIMIT 1;
+    w_dense := coalesce(w_dense, (fz.weights ->> 'dense')::float8, 1);
+    w_lexical := coalesce(w_lexical, (fz.weights ->> 'lexical')::float8, 1);
+    w_sparse := coalesce(w_sparse, (fz.weights ->> 'sparse')::float8, 1);
+    rrf_k := coalesce(rrf_k, fz.rrf_k, 60);
+    IF rrf_k <= 0 OR w_dense < 0 OR w_lexical < 0 OR w_sparse < 0 OR pool < 1 OR k < 0
+       OR bm25_k1 < 0 OR bm25_b < 0 OR bm25_b > 1 THEN
+        RAISE EXCEPTION 'bad search parameters: rrf_k must be > 0, weights >= 0, pool >= 1, k >= 0, '
+                        'bm25_k1 >= 0 and 0 <= bm25_b <= 1';
+    END IF;
+    lq := corpusync.lexical_parse(q_text);
+    checks := filter ->> 'chunk_type' IS NOT NULL OR cardinality(lq.phrases) > 0
+              OR cardinality(lq.excluded_terms) > 0 OR cardinality(lq.excluded_phrases) > 0;
     IF sdim IS NULL THEN
         sparse_cte := 'SELECT NULL::bigint AS id, NULL::bigint AS rnk, NULL::float8 AS score WHERE false';
     ELSE
@@ -92,11 +152,15 @@ BEGIN
             LIMIT $11) s$s$, sdim, mid);
     END IF;
     RETURN QUERY EXECUTE format($q$
-    WITH live AS (  -- visible versions that pass the document-level filter (a hashed lookup per chunk below)
+    WITH gen_versions AS (  -- the whole generation: BM25's statistics are counted over it
+        SELECT v.id, v.chunk_count, v.lexical_tokens, v.document_id, v.media_type, v.mtime, v.metadata
+        FROM corpusync.document_versions v
+        WHERE corpusync.visible_in(v.gen_from, v.gen_to, $6) AND v.model_id = %2$s
+    ),
+    live AS (  -- visible versions that pass the document-level filter (a hashed lookup per chunk below)
         SELECT v.id
-        FROM corpusync.document_versions v JOIN corpusync.documents d ON d.id = v.document_id
-        WHERE corpusync.visible_in(v.gen_from, v.gen_to, $6)
-          AND corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata)
+        FROM gen_versions v JOIN corpusync.documents d ON d.id = v.document_id
+        WHERE corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata)
     ),
     dense AS (
         SELECT id, row_number() OVER (ORDER BY distance, id) AS rnk, 1 - distance AS score FROM (
@@ -108,15 +172,48 @@ BEGIN
             ORDER BY c.dense::halfvec(%1$s) <=> $2::halfvec(%1$s)
             LIMIT $11) d
     ),
+    stats AS (
+        SELECT greatest(sum(chunk_count), 1)::float8 AS n,
+               greatest(sum(lexical_tokens)::float8 / greatest(sum(chunk_count), 1), 1e-9) AS avgdl
+        FROM gen_versions
+    ),
+    post AS MATERIALIZED (  -- every posting of a query term in the generation (index-only scan per term)
+        SELECT p.term_id, p.version_id, p.ordinal, p.tf, p.dl
+        FROM corpusync.postings p
+        WHERE $8 > 0 AND p.term_id IN (SELECT l.id FROM corpusync.lexicon l WHERE l.term = ANY($14))
+          AND p.version_id IN (SELECT id FROM gen_versions)
+    ),
+    idf AS (  -- Lucene's BM25 idf, never negative
+        SELECT p.term_id, ln(1 + (s.n - count(*) + 0.5) / (count(*) + 0.5)) AS w
+        FROM post p CROSS JOIN stats s GROUP BY p.term_id, s.n
+    ),
+    bm25 AS (
+        SELECT p.version_id, p.ordinal,
+               sum(i.w * p.tf / (p.tf + $12 * (1 - $13 + $13 * p.dl / s.avgdl)))::float8 AS score
+        FROM post p JOIN idf i ON i.term_id = p.term_id CROSS JOIN stats s
+        WHERE p.version_id IN (SELECT id FROM live)
+        GROUP BY p.version_id, p.ordinal
+    ),
+    lex_top AS (  -- without per-chunk checks only the top `pool` need their chunk row
+        SELECT b.version_id, b.ordinal, b.score FROM bm25 b
+        ORDER BY b.score DESC, b.version_id, b.ordinal
+        LIMIT CASE WHEN $18 THEN NULL ELSE $11 END
+    ),
+    excluded AS MATERIALIZED (
+        SELECT DISTINCT p.version_id, p.ordinal FROM corpusync.postings p
+        WHERE cardinality($16) > 0 AND p.term_id IN (SELECT l.id FROM corpusync.lexicon l WHERE l.term = ANY($16))
+    ),
     lexical AS (
         SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rnk, score FROM (
-            SELECT c.id, ts_rank_cd(c.tsv, corpusync.lexical_query($1), 1)::float8 AS score
-            FROM corpusync.chunks c
-            WHERE $8 > 0 AND corpusync.lexical_query($1) IS NOT NULL AND c.tsv @@ corpusync.lexical_query($1)
-              AND c.model_id = %2$s
-              AND c.version_id IN (SELECT id FROM live)
+            SELECT c.id, t.score
+            FROM lex_top t
+            JOIN corpusync.chunks c ON c.version_id = t.version_id AND c.ordinal = t.ordinal
+            LEFT JOIN excluded x ON x.version_id = t.version_id AND x.ordinal = t.ordinal
+            WHERE x.version_id IS NULL
               AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
-            ORDER BY score DESC, c.id
+              AND NOT EXISTS (SELECT 1 FROM unnest($15) ph WHERE strpos(c.search_text, ph) = 0)
+              AND NOT EXISTS (SELECT 1 FROM unnest($17) ph WHERE strpos(c.search_text, ph) > 0)
+            ORDER BY t.score DESC, c.id
             LIMIT $11) l
     ),
     sparse AS (%3$s),
@@ -142,14 +239,18 @@ BEGIN
     LIMIT $4
     $q$, dim, mid, sparse_cte)
     USING q_text, q_dense, q_sparse, k, coalesce(filter, '{}'::jsonb), gen, w_dense, w_lexical, w_sparse,
-          rrf_k, greatest(pool, k);
+          rrf_k, greatest(pool, k), bm25_k1, bm25_b, lq.terms, lq.phrases, lq.excluded_terms,
+          lq.excluded_phrases, checks;
 END
 $fn$;
 COMMENT ON FUNCTION corpusync.search_hybrid(text, halfvec, sparsevec, integer, jsonb, integer, double precision,
-                                            double precision, double precision, double precision, integer) IS
-  'Hybrid retrieval over one generation (default: the published one): dense HNSW + full-text (+ sparse when '
-  'the model has trained sparse weights), each channel filtered, fused by weighted reciprocal rank fusion. '
-  'Bring your own query embedding (q_dense) from the index model; q_text should be jieba-segmented for CJK.';
+                                            double precision, double precision, double precision, integer,
+                                            double precision, double precision) IS
+  'Hybrid retrieval over one generation (default: the published one): dense HNSW, Okapi BM25 over the '
+  'lexical postings (statistics of that generation), and sparse when the model has trained sparse weights; '
+  'each channel filtered, fused by weighted reciprocal rank fusion (weights not given: the fusion tuned for '
+  'the model, else 1). Bring your own query embedding (q_dense) from the index model; q_text is segmented '
+  'text in the lexical query syntax (corpusync segment prints it): terms, "phrase", -term, -"phrase".';
 
 CREATE FUNCTION corpusync.search_text(q text, k integer DEFAULT 10, filter jsonb DEFAULT '{}')
 RETURNS TABLE (chunk_id bigint, score double precision, text text, source text, page_start integer,
@@ -157,8 +258,8 @@ RETURNS TABLE (chunk_id bigint, score double precision, text text, source text, 
 LANGUAGE sql STABLE AS $$
     SELECT h.chunk_id, h.lexical_score, h.text, h.source, h.page_start, h.page_end, h.section_path,
            h.chunk_type, h.generation
-    FROM corpusync.search_hybrid(q, NULL::halfvec, NULL::sparsevec, k, filter, NULL, 0, 1, 0) h
+    FROM corpusync.search_hybrid(q, NULL::halfvec, NULL::sparsevec, k, filter, NULL, 0, 1, 0, 60, k) h
 $$;
 COMMENT ON FUNCTION corpusync.search_text(text, integer, jsonb) IS
-  'Full-text search over the published generation (no embeddings needed). Segment CJK queries first: '
-  'SELECT * FROM corpusync.search_text(''合同 编号 HT2023-0876'', 5, ''{"type": "md"}'').';
+  'Okapi BM25 search over the published generation (no embeddings needed). Segment CJK queries first '
+  '(corpusync segment): SELECT * FROM corpusync.search_text(''合同 编号 ht2023-0876 -草案'', 5, ''{"type": "md"}'').';

@@ -1,0 +1,394 @@
+"""Channel fusion in Python (no SQL): a bit-exact mirror of the `fused` CTE of corpusync.search_hybrid
+(sql/views/040_search.sql), so tuning here predicts what SQL returns, and a k-fold cross-validated fit of
+the fusion parameters on a gold set.
+
+What `fuse(..., Fusion(method="rrf"))` mirrors:
+- a channel runs only when its weight is > 0 (`WHERE w > 0`): a chunk seen only by channels of weight 0 is
+  not a result at all;
+- r_c is the chunk's 1-based rank in channel c's pool (row_number, ties by chunk id), taken as given;
+- fused = w_dense/(rrf_k + r_dense) + w_lexical/(rrf_k + r_lexical) + w_sparse/(rrf_k + r_sparse), a term
+  being 0 where the chunk is not in that channel, added in that order in float64 as PostgreSQL does, so
+  equal fused scores are equal here too;
+- ORDER BY fused DESC, chunk id ASC, LIMIT k.
+RRF order depends on the weights only up to a common positive factor (bit-exactly for powers of two;
+other factors can, through rounding, split an exact tie between different sums).
+
+Candidates for tuning are what search_hybrid returns with every weight > 0 and k at least the size of the
+union of the channel pools (3 * pool): every candidate with its rank and score in each channel that found
+it (`candidates_from_hits`). Ranks within a channel do not depend on the weights, so any fusion of these
+candidates is exactly what SQL returns for it at the same pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any, Literal
+
+import numpy as np
+
+from evaluation.metrics import aggregate, question_scores
+
+CHANNELS = ("dense", "lexical", "sparse")
+METHODS = ("rrf", "score")
+Method = Literal["rrf", "score"]
+OBJECTIVE = "(recall@10 + mrr@10) / 2"
+REPORTED = ("recall@10", "mrr@10", "objective")
+_ANCHORS = ("lexical", "dense", "sparse")  # the first searched channel of these is fixed at weight 1
+_TIE = 1e-9                                # objective differences below this are ties
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One retrieved chunk: its rank (1-based) and score in each channel that found it."""
+
+    chunk_id: int
+    ranks: dict[str, int]
+    scores: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not set(self.ranks) <= set(CHANNELS) or not set(self.scores) <= set(self.ranks):
+            raise ValueError(f"chunk {self.chunk_id}: ranks must name channels of {CHANNELS}, scores only "
+                             f"channels with a rank (got ranks {self.ranks}, scores {self.scores})")
+        if any(r < 1 for r in self.ranks.values()) or not all(map(math.isfinite, self.scores.values())):
+            raise ValueError(f"chunk {self.chunk_id}: ranks start at 1 and scores must be finite")
+
+
+def candidates_from_hits(hits: Iterable[Any]) -> list[Candidate]:
+    """Candidates from query.search.Hit objects (anything with chunk_id and <channel>_rank/_score)."""
+    out = []
+    for h in hits:
+        ranks = {c: int(r) for c in CHANNELS if (r := getattr(h, f"{c}_rank", None)) is not None}
+        scores = {c: float(s) for c in ranks if (s := getattr(h, f"{c}_score", None)) is not None}
+        out.append(Candidate(int(h.chunk_id), ranks, scores))
+    return out
+
+
+def _all_ones() -> dict[str, float]:
+    return dict.fromkeys(CHANNELS, 1.0)
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Fusion parameters, as stored with the index and passed to SQL (w_dense, w_lexical, w_sparse, rrf_k).
+
+    A channel missing from `weights` gets 1.0 (as query.search reads settings.rrf_weights). `rrf_k` is
+    unused by method "score" (kept so storing a score fusion leaves the SQL constant alone).
+    """
+
+    method: Method = "rrf"
+    weights: dict[str, float] = field(default_factory=_all_ones)
+    rrf_k: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown fusion method {self.method!r}: use one of {', '.join(METHODS)}")
+        if not set(self.weights) <= set(CHANNELS):
+            raise ValueError(f"unknown channel(s) {sorted(set(self.weights) - set(CHANNELS))}: use {CHANNELS}")
+        w = {c: float(self.weights.get(c, 1.0)) for c in CHANNELS}
+        if not all(math.isfinite(v) and v >= 0 for v in w.values()):
+            raise ValueError(f"weights must be finite and >= 0, got {w}")
+        if not (math.isfinite(self.rrf_k) and self.rrf_k > 0):  # as search_hybrid and corpusync.fusions
+            raise ValueError(f"rrf_k must be finite and > 0, got {self.rrf_k}")
+        object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "rrf_k", float(self.rrf_k))
+
+    def active(self) -> tuple[str, ...]:
+        """The channels that run (weight > 0), in CHANNELS order."""
+        return tuple(c for c in CHANNELS if self.weights[c] > 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "weights": dict(self.weights), "rrf_k": self.rrf_k}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Fusion:
+        """From as_dict() or a corpusync.fusions row: only method, weights and rrf_k are read."""
+        rrf_k = d.get("rrf_k")
+        return cls(method=d.get("method") or "rrf", weights=dict(d.get("weights") or {}),
+                   rrf_k=60.0 if rrf_k is None else float(rrf_k))
+
+    def label(self) -> str:
+        w = " ".join(f"{c}={self.weights[c]:g}" for c in CHANNELS)
+        return f"rrf rrf_k={self.rrf_k:g} {w}" if self.method == "rrf" else f"score {w}"
+
+
+def _minmax(cands: Sequence[Candidate], channel: str) -> dict[int, float]:
+    """Min-max normalised scores of the candidates in `channel` (all equal, e.g. a single one: 1.0)."""
+    vals: dict[int, float] = {}
+    for c in cands:
+        if channel in c.ranks:
+            if channel not in c.scores:
+                raise ValueError(f"method 'score' needs a {channel} score for chunk {c.chunk_id}")
+            vals[c.chunk_id] = c.scores[channel]
+    if not vals:
+        return {}
+    lo, hi = min(vals.values()), max(vals.values())
+    return {cid: 1.0 if hi == lo else (s - lo) / (hi - lo) for cid, s in vals.items()}
+
+
+def fused_scores(cands: Sequence[Candidate], fusion: Fusion,
+                 scale: Mapping[str, float] | None = None) -> dict[int, float]:
+    """Fused score of each candidate found by a running channel (weight > 0).
+
+    `scale`: per-query channel multipliers applied to the weights before anything else (query.search scales
+    the dense weight by how much of the query the model can read); a channel scaled to 0 does not run.
+
+    "rrf": the SQL formula (module docstring). "score": per running channel c, norm_c = (s - min) / (max -
+    min) over this query's candidates present in c (1.0 when max == min, e.g. a single candidate; 0 where
+    absent); fused = w_dense * norm_dense + w_lexical * norm_lexical + w_sparse * norm_sparse, in that order.
+    """
+    if len({c.chunk_id for c in cands}) != len(cands):
+        raise ValueError("duplicate chunk ids among the candidates")
+    w = {c: fusion.weights[c] * (scale or {}).get(c, 1.0) for c in CHANNELS}
+    active = tuple(c for c in CHANNELS if w[c] > 0)
+    norm = {ch: _minmax(cands, ch) for ch in active} if fusion.method == "score" else {}
+    out: dict[int, float] = {}
+    for c in cands:
+        if not any(ch in c.ranks for ch in active):
+            continue
+        total = 0.0
+        for ch in active:
+            if fusion.method == "score":
+                total += w[ch] * norm[ch].get(c.chunk_id, 0.0)
+            elif ch in c.ranks:
+                total += w[ch] / (fusion.rrf_k + c.ranks[ch])
+        out[c.chunk_id] = total
+    return out
+
+
+def fuse(cands: Sequence[Candidate], fusion: Fusion, k: int, scale: Mapping[str, float] | None = None) -> list[int]:
+    """Top-k chunk ids by fused score DESC, chunk id ASC (for "rrf": exactly search_hybrid's order)."""
+    if k <= 0:
+        return []
+    scores = fused_scores(cands, fusion, scale)
+    return sorted(scores, key=lambda cid: (-scores[cid], cid))[:k]
+
+
+@dataclass
+class QuestionCandidates:
+    question_id: str
+    candidates: list[Candidate]
+    relevant: list[set[int]]  # relevance units: evaluation.relevance.Relevance.units (one set per gold unit)
+    scale: dict[str, float] = field(default_factory=dict)  # per-channel weight multipliers of this query
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Search space. Weights are relative: the first searched channel of lexical, dense, sparse is fixed at
+    1 and the others take each value; then that channel at 0 and the same recursively over the rest (so
+    {lexical, dense, sparse} gives 36 + 6 + 1 = 43 weight vectors, none equal up to scale)."""
+
+    weights: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+    rrf_k: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 60.0, 100.0)
+    methods: tuple[Method, ...] = ("rrf", "score")
+
+    def fusions(self, channels: Sequence[str], default: Fusion) -> list[Fusion]:
+        anchored = [c for c in _ANCHORS if c in channels]
+        out = []
+        for vec in _weight_vectors(anchored, self.weights):
+            w = {c: vec.get(c, 0.0) for c in CHANNELS}
+            for m in self.methods:
+                ks = self.rrf_k if m == "rrf" else (default.rrf_k,)
+                out += [Fusion(m, w, k) for k in ks]
+        return out
+
+
+def _weight_vectors(chs: Sequence[str], values: Sequence[float]) -> list[dict[str, float]]:
+    if not chs:
+        return []
+    anchor, rest = chs[0], list(chs[1:])
+    out = [{anchor: 1.0, **dict(zip(rest, combo, strict=True))} for combo in product(values, repeat=len(rest))]
+    return out + [{anchor: 0.0, **w} for w in _weight_vectors(rest, values)]
+
+
+@dataclass
+class TuneResult:
+    best: Fusion                      # refit on all questions; channels no candidate has are set to 0
+    default: Fusion
+    folds: int
+    objective: str
+    held_in: dict[str, float]         # mean over folds of each fold's choice scored on its training folds
+    held_out: dict[str, float]        # mean over folds of each fold's choice scored on the held-out fold
+    default_scores: dict[str, float]  # the default on all questions
+    per_fold: list[dict[str, Any]]
+    grid_size: int
+
+    changed: bool = False             # whether `best` fuses differently from the default
+
+
+def _effective(f: Fusion, present: set[str]) -> Fusion:
+    """`f` with the channels no candidate has set to 0 (they cannot change any result)."""
+    return Fusion(f.method, {c: f.weights[c] if c in present else 0.0 for c in CHANNELS}, f.rrf_k)
+
+
+def _key(f: Fusion, present: set[str]) -> tuple[Any, ...]:
+    """Identity of what a fusion returns: weights up to scale over present channels; rrf_k for rrf only."""
+    w = [f.weights[c] if c in present else 0.0 for c in CHANNELS]
+    top = max(w)
+    norm = tuple(round(x / top, 12) for x in w) if top > 0 else ()
+    return f.method, norm, f.rrf_k if f.method == "rrf" else None
+
+
+class _Batch:
+    """Every question's candidates as padded (question, candidate) arrays, columns in chunk-id order, so
+    one grid point is scored for all questions at once (same float operations as `fused_scores`)."""
+
+    def __init__(self, qs: Sequence[QuestionCandidates]) -> None:
+        nq, n = len(qs), max([1, *(len(q.candidates) for q in qs)])
+        nu = max([1, *(len(q.relevant) for q in qs)])
+        self.present = np.zeros((len(CHANNELS), nq, n), bool)
+        self.rank = np.ones((len(CHANNELS), nq, n))
+        self.norm = np.zeros((len(CHANNELS), nq, n))
+        self.rel = np.zeros((nq, n), bool)
+        self.unit = np.zeros((nq, n, nu), bool)
+        self.n_units = np.array([len(q.relevant) for q in qs], float)
+        self.has_scores = True
+        self.scale = np.array([[q.scale.get(ch, 1.0) for q in qs] for ch in CHANNELS], float).reshape(
+            len(CHANNELS), nq, 1)
+        for qi, q in enumerate(qs):
+            cands = sorted(q.candidates, key=lambda c: c.chunk_id)
+            if len({c.chunk_id for c in cands}) != len(cands):
+                raise ValueError(f"question {q.question_id}: duplicate chunk ids among the candidates")
+            for ci, ch in enumerate(CHANNELS):
+                try:
+                    norm = _minmax(cands, ch)
+                except ValueError:
+                    self.has_scores, norm = False, {}
+                for j, c in enumerate(cands):
+                    if ch in c.ranks:
+                        self.present[ci, qi, j], self.rank[ci, qi, j] = True, c.ranks[ch]
+                        self.norm[ci, qi, j] = norm.get(c.chunk_id, 0.0)
+            for j, c in enumerate(cands):
+                for u, unit in enumerate(q.relevant):
+                    self.unit[qi, j, u] = c.chunk_id in unit
+            self.rel[qi] = self.unit[qi].any(axis=1)
+
+    def scores(self, f: Fusion) -> np.ndarray:
+        """(questions, 2): recall@10 and mrr@10 of fuse(candidates, f, 10) for each question."""
+        if f.method == "score" and not self.has_scores:
+            raise ValueError("method 'score' needs every candidate's score in each channel that found it")
+        total = np.zeros(self.rel.shape)
+        valid = np.zeros(self.rel.shape, bool)
+        for ci, ch in enumerate(CHANNELS):
+            if f.weights[ch] <= 0:
+                continue
+            w = f.weights[ch] * self.scale[ci]  # (questions, 1): a channel scaled to 0 does not run
+            p = self.present[ci] & (w > 0)
+            valid |= p
+            if f.method == "rrf":
+                total = total + np.where(p, w / (f.rrf_k + self.rank[ci]), 0.0)
+            else:
+                total = total + w * self.norm[ci]
+        order = np.argsort(-np.where(valid, total, -np.inf), axis=1, kind="stable")[:, :10]
+        top_valid = np.take_along_axis(valid, order, axis=1)
+        top_rel = np.take_along_axis(self.rel, order, axis=1) & top_valid
+        mrr = np.where(top_rel.any(axis=1), 1.0 / (top_rel.argmax(axis=1) + 1), 0.0)
+        in_top = np.zeros(self.rel.shape, bool)
+        np.put_along_axis(in_top, order, top_valid, axis=1)
+        recalled = (in_top[:, :, None] & self.unit).any(axis=1).sum(axis=1)
+        recall = np.divide(recalled, self.n_units, out=np.zeros(len(recalled)), where=self.n_units > 0)
+        return np.stack([recall, mrr], axis=1)
+
+
+def _folds(ids: Sequence[str], folds: int, seed: int) -> np.ndarray:
+    """Fold of each question: a seeded shuffle of the sorted ids dealt round-robin (input order is moot)."""
+    by_id = sorted(range(len(ids)), key=lambda i: ids[i])
+    out = np.empty(len(ids), int)
+    for pos, j in enumerate(np.random.default_rng(seed).permutation(len(ids))):
+        out[by_id[j]] = pos % folds
+    return out
+
+
+def _exact(q: QuestionCandidates, f: Fusion) -> dict[str, float]:
+    s = question_scores(fuse(q.candidates, f, 10, q.scale), q.relevant)
+    return {"recall@10": s["recall@10"], "mrr@10": s["mrr@10"], "objective": (s["recall@10"] + s["mrr@10"]) / 2}
+
+
+def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: Sequence[str] = CHANNELS,
+         folds: int = 5, seed: int = 0, grid: Grid | Sequence[Fusion] | None = None) -> TuneResult:
+    """Fit the fusion by `folds`-fold cross-validation on the mean over questions of (recall@10 + mrr@10)/2.
+
+    Searched: `channels` that some candidate has (grid points give the others weight 0); `grid` is a Grid
+    (default Grid()) or explicit fusions; the default (with channels no candidate has zeroed) is always a
+    point, so it is kept unless a searched point does better.
+    Each fold picks the best point on its training folds; `best` is the pick on all questions. Ties (within
+    1e-9) go to the point that fuses like the default, then to fewer running channels, then to a lower sum
+    of weights relative to the largest, then to the default's method, then to rrf_k nearest the default's,
+    then to grid order. Reported numbers are recomputed with evaluation.metrics.question_scores.
+    """
+    qs = sorted(questions, key=lambda q: q.question_id)  # input order changes nothing, not even rounding
+    ids = [q.question_id for q in qs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate question ids")
+    if not set(channels) <= set(CHANNELS):
+        raise ValueError(f"unknown channel(s) {sorted(set(channels) - set(CHANNELS))}: use {CHANNELS}")
+    if folds < 2 or len(qs) < folds:
+        raise ValueError(f"{folds}-fold cross-validation needs folds >= 2 and at least {folds} questions")
+    present = {ch for q in qs for c in q.candidates for ch in c.ranks}
+    searched = [c for c in CHANNELS if c in channels and c in present]
+    if not searched:
+        raise ValueError(f"no candidate has a rank in any of {list(channels)}")
+    batch = _Batch(qs)
+    if grid is None or isinstance(grid, Grid):
+        g = grid or Grid()
+        if not batch.has_scores:
+            g = Grid(g.weights, g.rrf_k, tuple(m for m in g.methods if m != "score"))
+        grid = g.fusions(searched, default)
+    base = _effective(default, present)
+    points: dict[tuple[Any, ...], Fusion] = {}
+    for f in [base, *(_effective(f, present) for f in grid)]:
+        points.setdefault(_key(f, present), f)
+    fusions = list(points.values())
+    obj = np.stack([batch.scores(f).mean(axis=1) for f in fusions])  # (points, questions)
+    base_key = _key(base, present)
+
+    def preference(i: int) -> tuple[Any, ...]:
+        f = fusions[i]
+        w = [f.weights[c] for c in CHANNELS]
+        rel_sum = sum(w) / max(w) if max(w) > 0 else 0.0
+        return (_key(f, present) != base_key, len(f.active()), round(rel_sum, 12), f.method != base.method,
+                abs(f.rrf_k - base.rrf_k) if f.method == "rrf" else 0.0, i)
+
+    def pick(mask: np.ndarray) -> int:
+        means = obj[:, mask].mean(axis=1)
+        return min((int(i) for i in np.flatnonzero(means >= means.max() - _TIE)), key=preference)
+
+    exact: dict[int, list[dict[str, float]]] = {}
+
+    def mean(i: int, mask: np.ndarray) -> dict[str, float]:
+        rows = exact.setdefault(i, [_exact(q, fusions[i]) for q in qs])
+        return aggregate([r for r, m in zip(rows, mask, strict=True) if m])
+
+    fold_of = _folds(ids, folds, seed)
+    per_fold: list[dict[str, Any]] = []
+    for fold in range(folds):
+        test = fold_of == fold
+        i = pick(~test)
+        per_fold.append({"fold": fold, "train": int((~test).sum()), "test": int(test.sum()),
+                         "fusion": fusions[i].as_dict(), "held_in": mean(i, ~test), "held_out": mean(i, test),
+                         "default_held_out": mean(0, test)})
+    every = np.ones(len(qs), bool)
+    best = pick(every)
+    return TuneResult(
+        best=fusions[best], default=default, folds=folds, objective=OBJECTIVE,
+        held_in={m: float(np.mean([p["held_in"][m] for p in per_fold])) for m in REPORTED},
+        held_out={m: float(np.mean([p["held_out"][m] for p in per_fold])) for m in REPORTED},
+        default_scores=mean(0, every), per_fold=per_fold, grid_size=len(fusions),
+        changed=_key(fusions[best], present) != base_key)
+
+
+def describe(result: TuneResult) -> str:
+    """A short plain-text report: default vs held-in vs held-out per metric, and the chosen fusion."""
+    lines = [f"fusion tuning: {result.folds}-fold cross-validation over {result.grid_size} grid points, "
+             f"objective {result.objective}",
+             f"{'metric':<12}{'default':>10}{'held-in':>10}{'held-out':>10}"]
+    for m in REPORTED:
+        lines.append(f"{m:<12}{result.default_scores[m]:>10.4f}{result.held_in[m]:>10.4f}"
+                     f"{result.held_out[m]:>10.4f}")
+    chosen = {repr(p["fusion"]) for p in result.per_fold}
+    lines += [f"default:  {result.default.label()}",
+              f"chosen:   {result.best.label()}" + ("" if result.changed else "  (same as default)"),
+              f"folds agreed on {'one fusion' if len(chosen) == 1 else f'{len(chosen)} different fusions'}"]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+COPY corpusync.postings (term_id, version_id, ordinal, tf, dl) FROM STDIN WITH (FORMAT BINARY)

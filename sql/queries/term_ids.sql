@@ -1,0 +1,1 @@
+SELECT id, term FROM corpusync.lexicon WHERE term = ANY(%(terms)s::text[])

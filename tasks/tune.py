@@ -1,0 +1,130 @@
+"""tune: fit the hybrid fusion (channel weights, RRF k) on gold sets by k-fold cross-validation and store it
+with the index, so queries, the SQL functions and the gate use it.
+
+Each question is asked once with every channel on (weights 1, k = 3 x pool): every candidate comes back with
+its rank and score in each channel, so any fusion of them is exactly what search_hybrid returns for it
+(evaluation/fusion.py mirrors the SQL). The dense weight is scaled per question by how much of it the model
+can read, as query.search does at query time. Questions of several gold sets are tuned together (one fusion
+per index), and every set is reported on its own, so a gain on one set that costs another shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from corpusync import db
+from evaluation import relevance as rel
+from evaluation.fusion import (
+    CHANNELS,
+    Fusion,
+    Grid,
+    QuestionCandidates,
+    TuneResult,
+    candidates_from_hits,
+    fuse,
+    tune,
+)
+from evaluation.metrics import aggregate, question_scores
+from query.search import Searcher
+from schemas.eval import GoldSet
+from schemas.settings import Settings
+
+
+@dataclass
+class TuneOutcome:
+    result: TuneResult
+    score_method: TuneResult | None          # the normalised score combination, fitted the same way
+    per_set: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # set -> default/best
+    stored_id: int | None = None
+    goldsets: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.result
+        out = {"best": r.best.as_dict(), "default": r.default.as_dict(), "changed": r.changed, "folds": r.folds,
+               "objective": r.objective, "default_scores": r.default_scores, "held_in": r.held_in,
+               "held_out": r.held_out, "per_goldset": self.per_set, "grid_size": r.grid_size,
+               "goldsets": self.goldsets, "stored_id": self.stored_id}
+        if self.score_method is not None:
+            s = self.score_method
+            out["score_method"] = {"best": s.best.as_dict(), "held_in": s.held_in, "held_out": s.held_out}
+        return out
+
+
+def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
+            generation: int) -> list[QuestionCandidates]:
+    """Every question of the gold set with its candidates from all channels and its relevance units."""
+    from tasks.embed import encode_texts
+    from tasks.evaluate import _chunks_of_gold
+
+    docs, by_path = _chunks_of_gold(conn, goldset, generation)
+    questions = goldset.questions
+    vectors = encode_texts(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens).dense
+    sparse = searcher.embedder.identity.sparse_trained
+    all_on = Fusion(weights={"dense": 1.0, "lexical": 1.0, "sparse": 1.0 if sparse else 0.0})
+    k = 3 * max(settings.candidate_pool, 10)
+    out = []
+    for q, vec in zip(questions, vectors, strict=True):
+        hits = searcher.search(q.question, k=k, mode="hybrid", generation=generation, query_vector=vec,
+                               fusion=all_on)
+        scale = {"dense": searcher.dense_coverage(q.question)} if settings.dense_coverage_weighting else {}
+        units = rel.relevant_chunks(q, docs, by_path).units
+        out.append(QuestionCandidates(f"{goldset.name}:{q.id}", candidates_from_hits(hits), units, scale))
+    return out
+
+
+def _scores(qs: Sequence[QuestionCandidates], fusion: Fusion) -> dict[str, float]:
+    rows = [question_scores(fuse(q.candidates, fusion, 10, q.scale), q.relevant) for q in qs]
+    agg = aggregate(rows)
+    return {"recall@10": agg["recall@10"], "mrr@10": agg["mrr@10"],
+            "objective": (agg["recall@10"] + agg["mrr@10"]) / 2}
+
+
+def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldsets: Sequence[GoldSet],
+                generation: int, *, folds: int = 5, seed: int = 0, store: bool = True) -> TuneOutcome:
+    """Fit on the questions of all `goldsets` together; store the chosen RRF fusion for the generation's model
+    (unless store=False). The normalised score combination is fitted too and reported next to it."""
+    model_id = searcher.index_model_id(generation)
+    by_set = {gs.name: collect(settings, conn, searcher, gs, generation) for gs in goldsets}
+    questions = [q for qs in by_set.values() for q in qs]
+    channels = [c for c in CHANNELS if c != "sparse" or searcher.embedder.identity.sparse_trained]
+    default = searcher.fusion(model_id)
+    rrf = tune(questions, default=default, channels=channels, folds=folds, seed=seed, grid=Grid(methods=("rrf",)))
+    score = tune(questions, default=default, channels=channels, folds=folds, seed=seed,
+                 grid=Grid(methods=("score",)))
+    outcome = TuneOutcome(rrf, score, goldsets=[gs.name for gs in goldsets])
+    for name, qs in by_set.items():
+        outcome.per_set[name] = {"default": _scores(qs, rrf.default), "best": _scores(qs, rrf.best),
+                                 "score_method": _scores(qs, score.best)}
+    if store:
+        row = db.fetch_one(conn, "insert_fusion", {
+            "model_id": model_id, "method": rrf.best.method, "weights": db.as_json(rrf.best.weights),
+            "rrf_k": rrf.best.rrf_k, "goldset": ",".join(gs.name for gs in goldsets),
+            "goldset_sha256": ",".join(gs.sha256 for gs in goldsets), "generation": generation, "folds": folds,
+            "report": db.as_json(outcome.as_dict()),
+        })
+        conn.commit()
+        assert row is not None
+        outcome.stored_id = int(row["id"])
+    return outcome
+
+
+def describe(outcome: TuneOutcome) -> str:
+    """Plain text for the CLI: the cross-validated table, the score-method comparison, each gold set."""
+    from evaluation.fusion import describe as describe_result
+
+    lines = [describe_result(outcome.result)]
+    if outcome.score_method is not None:
+        s = outcome.score_method
+        lines.append(f"normalised score combination: held-out objective {s.held_out['objective']:.4f} "
+                     f"(RRF {outcome.result.held_out['objective']:.4f}) with {s.best.label()}")
+    lines.append(f"{'gold set':<22}{'R@10 default':>14}{'R@10 tuned':>12}{'MRR default':>13}{'MRR tuned':>11}")
+    for name, v in outcome.per_set.items():
+        lines.append(f"{name[:21]:<22}{v['default']['recall@10']:>14.4f}{v['best']['recall@10']:>12.4f}"
+                     f"{v['default']['mrr@10']:>13.4f}{v['best']['mrr@10']:>11.4f}")
+    lines.append(f"stored as fusion {outcome.stored_id} for this index's model (used by query, SQL and the gate)"
+                 if outcome.stored_id else "not stored (--dry-run)")
+    return "\n".join(lines)

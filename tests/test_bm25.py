@@ -1,0 +1,167 @@
+"""The lexical channel is Okapi BM25 computed in PostgreSQL: on a fixed corpus its ranking and scores equal
+the `bm25s` reference over the same token lists, per generation queried; the query syntax (-term,
+"phrase") works the same from Python and SQL; postings follow their versions in and out."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from corpusync.lexical import Analyzer
+from query.search import Searcher
+
+pytestmark = [pytest.mark.flow, pytest.mark.db]
+
+SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sample-corpus"
+QUERIES = [
+    "合同编号 HT2023-0876 的付款方式是什么？",
+    "Which NFL team won Super Bowl 50?",
+    "Normans Normandy Rollo",
+    "付款 违约责任 合同",
+    "臺灣銀行總行位於哪個城市？",
+    "the",
+    "Denver Broncos Carolina Panthers Levi's Stadium",
+    "范廷颂 主教",
+    "不存在的词语 xyzzy",
+]
+
+
+@pytest.fixture
+def sample(prefect_harness, settings, tmp_path: Path, embedder) -> Any:  # type: ignore[no-untyped-def]
+    from flows.refresh import refresh
+
+    corpus = tmp_path / "sample"
+    shutil.copytree(SAMPLE, corpus)
+    summary = refresh(str(corpus), settings=settings)
+    assert summary["published"]
+    return settings, corpus
+
+
+def live_chunks(conn: Any, generation: int) -> list[tuple[int, str]]:
+    return conn.execute("SELECT chunk_id, c.search_text FROM corpusync.chunks_at(%s) a "
+                        "JOIN corpusync.chunks c ON c.id = a.chunk_id ORDER BY chunk_id", (generation,)).fetchall()
+
+
+def reference(conn: Any, analyzer: Analyzer, generation: int, k1: float, b: float) -> tuple[list[int], Any]:
+    """bm25s (Lucene variant, as ours) over the analyzer's tokens of every chunk of the generation."""
+    import bm25s
+
+    rows = live_chunks(conn, generation)
+    tokens = [analyzer.tokens(text) for _, text in rows]
+    vocab = {t: i for i, t in enumerate(sorted({t for doc in tokens for t in doc}))}
+    retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
+    retriever.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in doc] for doc in tokens], vocab=vocab),
+                    show_progress=False)
+    return [cid for cid, _ in rows], (retriever, vocab)
+
+
+def ref_scores(ref: Any, terms: list[str]) -> np.ndarray:
+    retriever, vocab = ref
+    known = [t for t in terms if t in vocab]
+    if not known:
+        return np.zeros(retriever.scores["num_docs"], np.float64)
+    return np.asarray(retriever.get_scores([vocab[t] for t in known]), np.float64)
+
+
+def assert_same_ranking(hits: list[Any], ids: list[int], scores: np.ndarray, k: int = 10) -> None:
+    """Top-k equal to the reference's, ties aside: the same score at every rank, and every hit's score is
+    the reference's score of that chunk."""
+    order = sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i]))
+    expected = [scores[i] for i in order if scores[i] > 0][:k]
+    got = {ids[i]: scores[i] for i in range(len(ids))}
+    assert [h.lexical_score for h in hits] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    for h in hits:
+        assert h.lexical_score == pytest.approx(got[h.chunk_id], rel=1e-5, abs=1e-7)
+    # where the score at the cut-off is not tied, the sets are identical
+    if len(expected) == k and len(order) > k and scores[order[k]] < expected[-1] * (1 - 1e-5):
+        assert {h.chunk_id for h in hits} == {ids[i] for i in order[:k]}
+
+
+def test_lexical_ranking_equals_bm25s(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
+    settings, _ = sample
+    s = Searcher(settings, conn, embedder)
+    analyzer = Analyzer.from_settings(settings)
+    ids, ref = reference(conn, analyzer, s.published_generation(), settings.bm25_k1, settings.bm25_b)
+    matched = 0
+    for q in QUERIES:
+        hits = s.search(q, k=10, mode="lexical")
+        scores = ref_scores(ref, analyzer.query(q).terms)
+        assert_same_ranking(hits, ids, scores)
+        matched += bool(hits)
+    assert matched >= len(QUERIES) - 2  # most queries match something: the comparison is not vacuous
+    # other k1 / b reach SQL too
+    tuned = settings.model_copy(update={"bm25_k1": 0.9, "bm25_b": 0.4})
+    ids, ref = reference(conn, analyzer, s.published_generation(), 0.9, 0.4)
+    q = QUERIES[0]
+    assert_same_ranking(Searcher(tuned, conn, embedder).search(q, k=10, mode="lexical"), ids,
+                        ref_scores(ref, analyzer.query(q).terms))
+
+
+def test_postings_hold_the_analyzers_term_counts(sample, conn) -> None:  # type: ignore[no-untyped-def]
+    settings, _ = sample
+    analyzer = Analyzer.from_settings(settings)
+    rows = conn.execute(
+        "SELECT c.id, c.search_text, coalesce(array_agg(l.term ORDER BY l.term) FILTER (WHERE l.term IS NOT NULL), "
+        "'{}'), coalesce(array_agg(p.tf ORDER BY l.term) FILTER (WHERE l.term IS NOT NULL), '{}'), max(p.dl) "
+        "FROM corpusync.chunks c LEFT JOIN corpusync.postings p ON p.version_id = c.version_id "
+        "AND p.ordinal = c.ordinal LEFT JOIN corpusync.lexicon l ON l.id = p.term_id GROUP BY c.id").fetchall()
+    assert rows
+    for _, text, terms, tfs, dl in rows:
+        counts = Counter(analyzer.tokens(text))
+        assert dict(zip(terms, tfs, strict=True)) == dict(counts)
+        assert (dl or 0) == sum(counts.values())
+    total = conn.execute("SELECT sum(lexical_tokens) FROM corpusync.document_versions").fetchone()[0]
+    assert total == sum(sum(Counter(analyzer.tokens(t)).values()) for _, t, *_ in rows)
+
+
+def test_statistics_come_from_the_generation_queried(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
+    from flows.refresh import refresh
+
+    settings, corpus = sample
+    for f in sorted(corpus.rglob("*.md"))[:2]:
+        f.unlink()
+    (corpus / "new-note.md").write_text("# 付款说明\n\n付款方式为银行转账，付款期限为三十日。\n", encoding="utf-8")
+    assert refresh(str(corpus), settings=settings, allow_mass_delete=True)["generation"] == 2
+    s = Searcher(settings, conn, embedder)
+    analyzer = Analyzer.from_settings(settings)
+    q = "付款方式 付款期限 Normans"
+    for gen in (1, 2):
+        ids, ref = reference(conn, analyzer, gen, settings.bm25_k1, settings.bm25_b)
+        assert_same_ranking(s.search(q, k=10, mode="lexical", generation=gen), ids,
+                            ref_scores(ref, analyzer.query(q).terms))
+    # prune removes the postings of versions no retained generation shows, with them
+    from tasks.prune import prune
+
+    prune(conn, 0)
+    orphans = conn.execute("SELECT count(*) FROM corpusync.postings p WHERE NOT EXISTS "
+                           "(SELECT 1 FROM corpusync.document_versions v WHERE v.id = p.version_id)").fetchone()[0]
+    assert orphans == 0
+
+
+def test_exclusion_and_phrase_syntax_in_python_and_sql(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
+    settings, _ = sample
+    s = Searcher(settings, conn, embedder)
+    base = s.search("Super Bowl Broncos", k=20, mode="lexical")
+    assert any("Panthers" in h.text for h in base)
+    without = s.search("Super Bowl Broncos -Panthers", k=20, mode="lexical")
+    assert without and not any("panthers" in h.text.lower() for h in without)
+    phrase = s.search('"Levi\'s Stadium" Super Bowl', k=20, mode="lexical")
+    assert phrase and all("levi's stadium" in h.text.lower() for h in phrase)
+    assert len(phrase) < len(base) or len(base) < 20
+    zh = s.search('"付款方式" 合同', k=20, mode="lexical")
+    assert zh and all("付款方式" in h.text for h in zh)
+    # the same syntax in SQL (segmented, as `corpusync segment` prints it)
+    sql_text = Analyzer.from_settings(settings).query("Super Bowl Broncos -Panthers").sql_text()
+    rows = conn.execute("SELECT chunk_id FROM corpusync.search_text(%s, 20)", (sql_text,)).fetchall()
+    assert [r[0] for r in rows] == [h.chunk_id for h in without]
+    rows = conn.execute("""SELECT text FROM corpusync.search_text('bowl "super bowl 50" -"carolina panthers"', 20)"""
+                        ).fetchall()
+    assert rows and all("super bowl 50" in t.lower() and "carolina panthers" not in t.lower() for (t,) in rows)
+    # hybrid honours exclusions in its lexical channel
+    hybrid = s.search("Super Bowl Broncos -Panthers", k=10, mode="hybrid")
+    assert all(h.lexical_rank is None or "panthers" not in h.text.lower() for h in hybrid)
