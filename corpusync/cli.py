@@ -207,9 +207,10 @@ def _print_hits(text: str, hits: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from corpusync.lexical import query_terms
+    from corpusync.lexical import Analyzer
 
-    terms = sorted({t for t in query_terms(text) if len(t) > 1}, key=len, reverse=True)
+    terms = sorted({t for t in Analyzer.from_settings(_settings()).query(text).terms if len(t) > 1}, key=len,
+                   reverse=True)
     pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE) if terms else None
     table = Table(show_lines=False, expand=True)
     table.add_column("#", justify="right")
@@ -232,10 +233,11 @@ def _print_hits(text: str, hits: Any) -> None:
 
 @app.command()
 def segment(text: Annotated[str, typer.Argument(help="Text to segment.")]) -> None:
-    """Print TEXT as the index segments it (jieba for Chinese): paste it into corpusync.search_text()."""
-    from corpusync.lexical import query_terms
+    """Print TEXT as the lexical index reads it (Traditional folded, jieba for Chinese, query syntax kept:
+    -term, "phrase"): paste it into corpusync.search_text() or search_hybrid()."""
+    from corpusync.lexical import Analyzer
 
-    typer.echo(" ".join(query_terms(text)))
+    typer.echo(Analyzer.from_settings(_settings()).query(text).sql_text())
 
 
 @app.command("eval")
@@ -249,7 +251,8 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(help="At most this many questions per gold set (fixed subset).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
-    """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG per mode; RAGAS). Exit 0 pass, 1 regression, 2 error."""
+    """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG, search latency per mode, hybrid+rerank when a
+    reranker is configured; RAGAS), one report per gold set. Exit 0 pass, 1 regression, 2 error."""
     from corpusync.runtime import open_database
     from query.search import Searcher
     from tasks.evaluate import evaluate_and_gate
@@ -267,9 +270,10 @@ def eval_cmd(
     if as_json:
         typer.echo(json.dumps(outcome.summary(), ensure_ascii=False, indent=2, default=str))
     else:
-        typer.echo(outcome.report)
-        if outcome.report_path:
-            typer.echo(f"report: {outcome.report_path}")
+        for ev, section in zip(outcome.evaluations, outcome.sections, strict=True):  # one section per gold set
+            typer.echo(section)
+            if ev.report_path:
+                typer.echo(f"report ({ev.goldset}): {ev.report_path}\n")
     if gate and not outcome.passed:
         typer.secho("evaluation gate FAILED: " + "; ".join(outcome.failures()), fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
@@ -287,7 +291,8 @@ def goldset_export(
         help="Only the gold passages of this many questions (fixed subset)...")] = None,
     distractors: Annotated[int, typer.Option(help="...plus this many other passages.")] = 0,
 ) -> None:
-    """Write a gold set's passages as files, ready for `corpusync refresh FOLDER` and `corpusync eval`."""
+    """Write a gold set's passages as files, ready for `corpusync refresh FOLDER` and `corpusync eval`
+    (BEIR and SQuAD/CMRC passages start with their title)."""
     from evaluation.goldsets import export_corpus, load_goldset, sample_questions
 
     settings = _settings()
@@ -299,6 +304,46 @@ def goldset_export(
         _fail(exc)
         return
     typer.echo(f"wrote {n} passages of {gs.name} ({len(gs.questions)} questions) to {folder}")
+
+
+@app.command()
+def tune(
+    goldset: Annotated[list[str] | None, typer.Option(
+        "--goldset", help="Gold set path or name (repeatable; default: CORPUSYNC_GOLDSETS). Tune on several: "
+        "one fusion serves the whole index.")] = None,
+    generation: Annotated[int | None, typer.Option(help="Tune on this generation (default: the published one).")
+                          ] = None,
+    folds: Annotated[int, typer.Option(help="Cross-validation folds.")] = 5,
+    limit: Annotated[int | None, typer.Option(
+        help="At most this many questions per gold set (fixed subset).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; store nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Fit the hybrid fusion (channel weights, RRF k) on gold sets by k-fold cross-validation, print held-in
+    and held-out gains, and store it with the index: query, the SQL functions and the gate then use it."""
+    from corpusync.runtime import open_database
+    from evaluation.goldsets import load_goldset, sample_questions
+    from query.search import Searcher
+    from tasks.evaluate import require_goldsets
+    from tasks.tune import describe, tune_fusion
+
+    settings = _settings()
+    specs = goldset or settings.goldsets
+    try:
+        require_goldsets(specs)
+        sets = [sample_questions(load_goldset(s, settings.goldset_dirs), limit or settings.eval_max_questions)
+                for s in specs]
+        with open_database(settings) as conn:
+            searcher = Searcher(settings, conn)
+            gen = generation if generation is not None else searcher.published_generation()
+            outcome = tune_fusion(settings, conn, searcher, sets, gen, folds=folds, store=not dry_run)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    except ValueError as exc:  # too few questions for the folds, no channel
+        _fail(CorpusyncError(f"cannot tune: {exc}"))
+        return
+    typer.echo(json.dumps(outcome.as_dict(), ensure_ascii=False, indent=2) if as_json else describe(outcome))
 
 
 @app.command()

@@ -212,17 +212,15 @@ class FlagEmbedder:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         return [tuple(o) for o in enc["offset_mapping"]]
 
-    def coverage(self, text: str) -> float:
-        """Share of the text's letters and digits that the tokenizer maps to a known token (not [UNK]):
-        how much of a query this model can read at all (MiniLM reads almost no Chinese; bge-m3 reads it)."""
+    def coverage(self, words: Sequence[str]) -> float:
+        """Share of the words the model can read: a word is readable when none of its pieces is the unknown
+        token (MiniLM knows a few Chinese characters but almost no Chinese word; bge-m3 reads them all).
+        Words are the lexical analyzer's query terms, so every language is measured the same way."""
+        if not words:
+            return 1.0
         unk = self.tokenizer.unk_token_id
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
-        known = total = 0
-        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
-            n = sum(ch.isalnum() for ch in text[a:b])
-            total += n
-            known += n if tid != unk else 0
-        return known / total if total else 1.0
+        ids = self.tokenizer(list(words), add_special_tokens=False, truncation=False)["input_ids"]
+        return sum(unk not in row for row in ids) / len(ids)
 
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
     @cached_property

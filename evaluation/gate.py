@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from evaluation.metrics import paired_bootstrap
+from evaluation.metrics import is_quality_metric, paired_bootstrap
 from schemas.eval import GateCheck
 
 PerQuestion = Mapping[str, Mapping[str, float]]  # question id -> {metric: value}
@@ -28,14 +28,15 @@ def gate_checks(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> list[GateCheck]:
-    """One check per gated metric (those with a tolerance or a floor).
+    """One check per gated metric (those with a tolerance or a floor; latency thresholds are ignored: latency
+    is reported beside the quality metrics, but a floor or a tolerated drop does not apply to it).
 
     Fails on a floor when the candidate's mean is below it. Fails on a tolerance when the mean paired
     drop is larger than the tolerance AND the bootstrap interval lies wholly below zero (the drop is
     not noise). Questions are paired by id; questions only on one side are left out of the comparison.
     """
     metrics = sorted({m.split(":")[-1] for m in [*tolerances, *floors]
-                      if ":" not in m or m.split(":", 1)[0] == goldset})
+                      if (":" not in m or m.split(":", 1)[0] == goldset) and is_quality_metric(m.split(":")[-1])})
     checks = []
     for metric in metrics:
         cand_vals = [q[metric] for q in candidate.values() if metric in q]

@@ -1,23 +1,30 @@
 """Which chunks of a generation answer a gold question — decided on text, not chunk ids, so a gold set
 stays valid when documents are re-chunked, re-parsed or re-embedded.
 
-A chunk is relevant to a question when its document matches a gold reference and
-- level 'passage': always (the gold document is the gold passage);
-- level 'document': it overlaps a gold evidence passage (half of the chunk's or of the evidence's
+A question's gold is a list of *units* (Recall counts units); a unit is a list of alternative documents,
+any one of which answers (the same article in two versions of a law), each optionally narrowed to pages.
+A chunk is relevant to a unit when its document matches one of the unit's gold references and
+- the reference lists pages: the chunk's page span (page_start..page_end) covers one of them;
+- else level 'passage': always (the gold document is the gold passage);
+- else level 'document': it overlaps a gold evidence passage (half of the chunk's or of the evidence's
   character 8-grams shared), or, without evidence, contains a reference answer (normalised text).
-When a gold document is present but no chunk of it passes that test (an answer cut by a chunk boundary,
-a free-form answer), every chunk of the document counts, and the question is reported as a fallback.
+When gold pages are given but no chunk of that document carries page numbers (a Markdown file, an old
+index), the text rules above decide instead and the question is reported as a fallback. When some
+alternative of a unit is present but no chunk of any alternative passes its test (an answer cut by a chunk
+boundary, a free-form answer, a page beyond the document), every chunk of the present alternatives counts,
+and the question is reported as a fallback. A unit none of whose alternatives is in the generation is an
+empty unit: a miss.
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
 
-from schemas.eval import GoldQuestion
+from schemas.eval import GoldQuestion, GoldRef
 
 _NGRAM = 8
 _OVERLAP = 0.5
@@ -62,12 +69,22 @@ class ChunkRef:
     chunk_id: int
     path: str
     text: str
+    page_start: int | None = None
+    page_end: int | None = None
+
+    def covers(self, pages: Iterable[int]) -> bool:
+        """The chunk's page span includes one of `pages` (never, without page numbers)."""
+        if self.page_start is None:
+            return False
+        end = self.page_end if self.page_end is not None else self.page_start
+        return any(self.page_start <= p <= end for p in pages)
 
 
 @dataclass
 class Relevance:
-    units: list[set[int]]          # one set of relevant chunk ids per gold document found or not
-    fallback: bool                 # some gold document needed the whole-document fallback
+    units: list[set[int]]          # one set of relevant chunk ids per gold unit (all its alternatives), found or not
+    fallback: bool                 # some unit needed a fallback (whole document, or gold pages not checkable)
+    alternatives: list[list[set[int]]] = field(default_factory=list)  # per unit, per alternative
 
     @property
     def relevant(self) -> set[int]:
@@ -88,23 +105,42 @@ def resolve_documents(refs: Iterable[str], paths: Iterable[str]) -> dict[str, li
     return out
 
 
+def _passing(q: GoldQuestion, ref: GoldRef, chunks: Sequence[ChunkRef], answers: Sequence[str],
+             ) -> tuple[set[int], bool]:
+    """The chunks of one gold reference that pass its test, and whether its gold pages could not be checked."""
+    if ref.pages and any(c.page_start is not None for c in chunks):
+        return {c.chunk_id for c in chunks if c.covers(ref.pages)}, False
+    unchecked_pages = bool(ref.pages)
+    if q.level == "passage":
+        return {c.chunk_id for c in chunks}, unchecked_pages
+    if q.evidence:
+        return {c.chunk_id for c in chunks if any(overlaps(c.text, e) for e in q.evidence)}, unchecked_pages
+    return {c.chunk_id for c in chunks if any(a in normalise(c.text) for a in answers)}, unchecked_pages
+
+
 def relevant_chunks(q: GoldQuestion, docs: Mapping[str, list[str]],
                     chunks_by_path: Mapping[str, Sequence[ChunkRef]]) -> Relevance:
-    """The relevant chunk ids of question `q`, grouped by gold document (a missing document: empty set)."""
+    """The relevant chunk ids of question `q`, grouped by gold unit (a unit none of whose documents is
+    present: an empty set), and per alternative within each unit."""
     answers = [a for a in (normalise(a) for a in q.answers) if a]
     units: list[set[int]] = []
+    alternatives: list[list[set[int]]] = []
     fallback = False
-    for ref in q.gold_documents:
-        chunks = [c for p in docs.get(ref, []) for c in chunks_by_path.get(p, ())]
-        if q.level == "passage" or not chunks:
-            units.append({c.chunk_id for c in chunks})
-            continue
-        if q.evidence:
-            hit = {c.chunk_id for c in chunks if any(overlaps(c.text, e) for e in q.evidence)}
-        else:
-            hit = {c.chunk_id for c in chunks if any(a in normalise(c.text) for a in answers)}
-        if not hit:
+    for unit in q.units:
+        present: list[list[ChunkRef]] = []
+        alts: list[set[int]] = []
+        for ref in unit:
+            chunks = list(dict.fromkeys(c for p in docs.get(ref.document, []) for c in chunks_by_path.get(p, ())))
+            present.append(chunks)
+            if not chunks:
+                alts.append(set())
+                continue
+            hit, unchecked = _passing(q, ref, chunks, answers)
+            fallback |= unchecked
+            alts.append(hit)
+        if not any(alts) and any(present):
             fallback = True
-            hit = {c.chunk_id for c in chunks}
-        units.append(hit)
-    return Relevance(units, fallback)
+            alts = [{c.chunk_id for c in chunks} for chunks in present]
+        alternatives.append(alts)
+        units.append(set().union(*alts))
+    return Relevance(units, fallback, alternatives)

@@ -1,5 +1,5 @@
-"""Evaluation reports: Markdown (per gold set: metrics per mode, the gate with deltas and intervals, the
-worst-regressed questions with what they retrieved) and a small SVG plot of metric history."""
+"""Evaluation reports: Markdown (per gold set: metrics and search latency per mode, the gate with deltas and
+intervals, the worst-regressed questions with what they retrieved) and a small SVG plot of metric history."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from evaluation.metrics import METRICS
-from schemas.eval import Evaluation, GoldSet
+from evaluation.metrics import LATENCY_METRICS, METRICS
+from schemas.eval import Evaluation, GoldQuestion, GoldSet
 
 Lookup = Callable[[Sequence[int]], Mapping[int, tuple[str, str]]]
 
@@ -22,6 +22,18 @@ def _f(v: float | None, signed: bool = False) -> str:
 def _snip(text: str, n: int = 90) -> str:
     t = " ".join(text.split()).replace("|", "\\|")
     return t[:n] + ("…" if len(t) > n else "")
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def describe_gold(q: GoldQuestion) -> str:
+    """The gold units of a question: `a.md`, `law-2020.pdf` p.12 | `law-2023.pdf` p.14 (alternatives)."""
+    def ref(d: str, pages: list[int]) -> str:
+        return f"`{d}`" + (" p." + ",".join(map(str, pages)) if pages else "")
+
+    return ", ".join(" | ".join(ref(r.document, r.pages) for r in unit) for unit in q.units)
 
 
 def worst_regressions(ev: Evaluation, baseline: Mapping[str, Mapping[str, float]] | None, mode: str,
@@ -46,13 +58,16 @@ def markdown(ev: Evaluation, goldset: GoldSet, mode: str, *, baseline_questions:
         f"{ev.n_questions} questions, gold set sha256 `{ev.goldset_sha256[:16]}`; baseline: "
         + (f"generation {ev.baseline_generation} (evaluation {ev.baseline_id})" if ev.baseline_id else "none")
         + f". Questions with no relevant chunk in this generation: {ev.missing_questions}; "
-        f"relevance by whole-document fallback: {ev.fallback_questions}.",
+        f"relevance by fallback (whole document, or gold pages without page numbers): {ev.fallback_questions}.",
         "",
-        "| mode | " + " | ".join(METRICS) + " |",
-        "|---|" + "---|" * len(METRICS),
+        "| mode | " + " | ".join(METRICS) + " | search p50 ms | p95 ms |",
+        "|---|" + "---|" * (len(METRICS) + len(LATENCY_METRICS)),
     ]
     for m in ev.modes:
-        lines.append(f"| {m} | " + " | ".join(_f(ev.metrics[m].get(k)) for k in METRICS) + " |")
+        lines.append(f"| {m} | " + " | ".join(_f(ev.metrics[m].get(k)) for k in METRICS) + " | "
+                     + " | ".join(_ms(ev.metrics[m].get(k)) for k in LATENCY_METRICS) + " |")
+    if ev.notes:
+        lines += [""] + [f"- note: {n}" for n in ev.notes]
     if ev.checks:
         lines += ["", f"### Gate ({mode})", "",
                   "| metric | baseline | candidate | delta | 95% CI | paired | tolerance | floor | verdict |",
@@ -81,7 +96,7 @@ def markdown(ev: Evaluation, goldset: GoldSet, mode: str, *, baseline_questions:
         for qid, delta in worst:
             q, r = by_id.get(qid), mine[qid]
             lines.append(f"- **{_snip(q.question if q else qid, 120)}** (`{qid}`, Δ {delta:+.3f}); gold: "
-                         + ", ".join(f"`{g}`" for g in (q.gold_documents if q else [])))
+                         + (describe_gold(q) if q else ""))
             for label, chunk_ids in (("candidate", r.retrieved[:3]),
                                      ("baseline", (baseline_questions or {}).get(qid, {}).get("retrieved", [])[:3])):
                 if label == "baseline" and not base_scores:

@@ -86,9 +86,10 @@ class Searcher:
         return lexical.Analyzer.from_settings(self.settings)
 
     def dense_coverage(self, text: str) -> float:
-        """How much of the query the dense model can read (1.0 when the embedder cannot tell)."""
+        """How much of the query the dense model can read: the share of the query's words (lexical terms)
+        its tokenizer has no unknown piece for (1.0 when the embedder cannot tell)."""
         coverage = getattr(self.embedder, "coverage", None)
-        return float(coverage(text)) if callable(coverage) else 1.0
+        return float(coverage(self.analyzer.query(text).terms)) if callable(coverage) else 1.0
 
     def fusion(self, model_id: int) -> Fusion:
         """The fusion in force: settings given explicitly, then the one tuned for this model, then RRF with

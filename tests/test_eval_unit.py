@@ -14,6 +14,8 @@ from evaluation.goldsets import export_corpus, goldset_hash, load_goldset, passa
 from evaluation.metrics import (
     aggregate,
     hit_at_k,
+    judged_relevant,
+    latency_summary,
     mrr_at_k,
     ndcg_at_k,
     paired_bootstrap,
@@ -21,7 +23,8 @@ from evaluation.metrics import (
     recall_at_k,
 )
 from evaluation.ragas_eval import RagasSample, ragas_scores
-from schemas.eval import GoldQuestion
+from evaluation.report import describe_gold, markdown
+from schemas.eval import Evaluation, GoldQuestion, GoldRef, GoldSet, QuestionResult
 from schemas.settings import Settings
 from tests.conftest import REPO, SHARED_DATA
 
@@ -110,6 +113,109 @@ def test_relevance_rules() -> None:
     assert rel.relevant_chunks(q_p, {"a.md": ["a.md"]}, chunks).units[0] == {1, 2}
     # normalisation: full-width, case and line breaks do not matter
     assert rel.normalise("ＨＴ2023-0876\n合同") == "ht2023-0876合同"
+
+
+def test_alternatives_count_once_in_recall_mrr_and_ndcg() -> None:
+    # one unit, two acceptable versions: law-2020 has chunks {1, 2}, law-2023 has chunks {5}
+    alternatives = [[{1, 2}, {5}]]
+    units = [{1, 2, 5}]
+    ranked = [9, 5, 8, 1, 2]
+    s = question_scores(ranked, units, alternatives)
+    assert s["recall@1"] == 0.0 and s["recall@5"] == 1.0  # the 2023 version found at rank 2: the unit counts
+    assert s["mrr@10"] == 0.5 and s["hit@10"] == 1.0
+    # nDCG judges the alternative found first (2023, one chunk); 2020's chunks are neither gain nor ideal
+    assert judged_relevant(ranked, alternatives, 10) == {5}
+    assert s["ndcg@10"] == pytest.approx((1 / math.log2(3)) / 1.0)
+    # without alternatives the union would ask for 3 relevant chunks, and 1, 2 would add gain
+    flat = question_scores(ranked, units)
+    assert flat["recall@5"] == 1.0 and flat["ndcg@10"] != s["ndcg@10"]
+    # nothing retrieved: the largest alternative is the ideal; a unit that is not present at all adds nothing
+    assert judged_relevant([7, 8], [[{1, 2}, {5}], [set(), set()]], 10) == {1, 2}
+    # two units, one with alternatives: recall 1/2 when only the plain unit is found
+    two = question_scores([3], [{1, 5}, {3}], [[{1}, {5}], [{3}]])
+    assert two["recall@5"] == 0.5 and 0.0 < two["ndcg@10"] <= 1.0
+
+
+def test_latency_summary_and_not_gated() -> None:
+    lat = latency_summary([0.010, 0.020, 0.030, 0.040, 1.0])
+    assert lat["latency_ms_p50"] == pytest.approx(30.0)
+    assert lat["latency_ms_p95"] == pytest.approx(40 + 0.8 * 960)  # linear interpolation between 40 and 1000 ms
+    assert latency_summary([]) == {}
+    base = _scores([1.0] * 20)
+    # a latency threshold is not a quality floor/tolerance: no check, while recall@5 is still gated
+    checks = gate_checks("g", "hybrid", base, base, tolerances={"latency_ms_p95": 5.0, "recall@5": 0.02},
+                         floors={"latency_ms_p50": 100.0, "g:latency_ms_p95": 1.0}, samples=200)
+    assert [c.metric for c in checks] == ["recall@5"] and checks[0].passed
+
+
+def test_relevance_alternatives() -> None:
+    chunks = {"law-2020.md": [rel.ChunkRef(1, "law-2020.md", "Article 5: the penalty is 7.5 percent."),
+                              rel.ChunkRef(2, "law-2020.md", "Article 6: other things.")],
+              "law-2023.md": [rel.ChunkRef(5, "law-2023.md", "Article 5: the penalty is 7.5 percent (amended).")]}
+    q = GoldQuestion(id="1", question="Penalty?", answers=["7.5 percent"], level="document",
+                     gold_units=[[GoldRef(document="law-2020.md"), GoldRef(document="law-2023.md")]])
+    assert q.gold_documents == ["law-2020.md", "law-2023.md"]
+    both = rel.relevant_chunks(q, {"law-2020.md": ["law-2020.md"], "law-2023.md": ["law-2023.md"]}, chunks)
+    assert both.units == [{1, 5}] and both.alternatives == [[{1}, {5}]] and not both.fallback
+    # only one version indexed: the unit is still found through it (no miss, no fallback)
+    only_new = rel.relevant_chunks(q, {"law-2020.md": [], "law-2023.md": ["law-2023.md"]}, chunks)
+    assert only_new.units == [{5}] and only_new.alternatives == [[set(), {5}]] and not only_new.fallback
+    # neither indexed: one empty unit (a miss), not two
+    none = rel.relevant_chunks(q, {"law-2020.md": [], "law-2023.md": []}, chunks)
+    assert none.units == [set()] and not none.relevant
+    # no alternative passes the answer test: whole-document fallback over the present alternatives
+    q_fb = q.model_copy(update={"answers": ["nine"]})
+    fb = rel.relevant_chunks(q_fb, {"law-2020.md": ["law-2020.md"], "law-2023.md": ["law-2023.md"]}, chunks)
+    assert fb.fallback and fb.units == [{1, 2, 5}]
+    # end to end with the metrics: the 2023 chunk at rank 1 recalls the unit
+    assert question_scores([5, 9], both.units, both.alternatives)["recall@1"] == 1.0
+
+
+def test_relevance_pages() -> None:
+    def c(cid: int, start: int | None, end: int | None, text: str = "text") -> rel.ChunkRef:
+        return rel.ChunkRef(cid, "r.pdf", text, start, end)
+
+    chunks = {"r.pdf": [c(1, 1, 1), c(2, 2, 3), c(3, 3, 3, "the answer 42"), c(4, 4, 5)]}
+    docs = {"r.pdf": ["r.pdf"]}
+    q = GoldQuestion(id="1", question="?", answers=["42"], level="document",
+                     gold_units=[[GoldRef(document="r.pdf", pages=[3])]])
+    # pages decide: every chunk whose span covers page 3 (2-3 and 3-3), with or without the answer text
+    r = rel.relevant_chunks(q, docs, chunks)
+    assert r.units == [{2, 3}] and not r.fallback
+    assert rel.relevant_chunks(q.model_copy(update={"gold_units": [[GoldRef(document="r.pdf", pages=[5])]]}),
+                               docs, chunks).units == [{4}]
+    assert c(9, 2, None).covers([2]) and not c(9, 2, None).covers([3]) and not c(9, None, None).covers([1])
+    # a page beyond the document: whole-document fallback
+    far = rel.relevant_chunks(q.model_copy(update={"gold_units": [[GoldRef(document="r.pdf", pages=[99])]]}),
+                              docs, chunks)
+    assert far.fallback and far.units == [{1, 2, 3, 4}]
+    # no page numbers in the generation (Markdown, or rows without page_start): the text rules decide, reported
+    no_pages = {"r.pdf": [rel.ChunkRef(x.chunk_id, x.path, x.text) for x in chunks["r.pdf"]]}
+    np_ = rel.relevant_chunks(q, docs, no_pages)
+    assert np_.units == [{3}] and np_.fallback
+    # alternatives with different pages per version
+    q_alt = GoldQuestion(id="2", question="?", gold_units=[[GoldRef(document="r.pdf", pages=[1]),
+                                                            GoldRef(document="s.pdf", pages=[2])]])
+    s_pdf = [rel.ChunkRef(7, "s.pdf", "x", 1, 1), rel.ChunkRef(8, "s.pdf", "y", 2, 2)]
+    both = rel.relevant_chunks(q_alt, {"r.pdf": ["r.pdf"], "s.pdf": ["s.pdf"]}, chunks | {"s.pdf": s_pdf})
+    assert both.alternatives == [[{1}, {8}]] and both.units == [{1, 8}]
+
+
+def test_report_shows_latency_notes_and_alternatives() -> None:
+    q = GoldQuestion(id="q1", question="Penalty?", gold_units=[[GoldRef(document="law-2020.pdf", pages=[12]),
+                                                                GoldRef(document="law-2023.pdf", pages=[14])]])
+    assert describe_gold(q) == "`law-2020.pdf` p.12 | `law-2023.pdf` p.14"
+    metrics = {"recall@1": 0.0, "recall@5": 0.0, "recall@10": 0.0, "recall@20": 0.0, "mrr@10": 0.0,
+               "ndcg@10": 0.0, "hit@10": 0.0}
+    ev = Evaluation(goldset="law", goldset_sha256="ab" * 32, generation=3, n_questions=1, modes=["hybrid"],
+                    metrics={"hybrid": metrics | {"latency_ms_p50": 12.34, "latency_ms_p95": 56.78}},
+                    questions=[QuestionResult(question_id="q1", mode="hybrid", retrieved=[], relevant_count=0,
+                                              first_rank=None, scores=metrics)],
+                    notes=["hybrid+rerank: skipped (no reranker configured)"], missing_questions=1)
+    md = markdown(ev, GoldSet(name="law", source="x", questions=[q]), "hybrid")
+    assert "| search p50 ms | p95 ms |" in md and "| 12.3 | 56.8 |" in md
+    assert "- note: hybrid+rerank: skipped" in md and "no relevant chunk in this generation: 1" in md
+    assert "gold: `law-2020.pdf` p.12 | `law-2023.pdf` p.14" in md
 
 
 def test_demo_goldset_loads() -> None:

@@ -120,7 +120,7 @@ def test_sql_functions_match_the_python_api(indexed, conn, embedder) -> None:  #
     segmented = Analyzer.from_settings(indexed).query(question).sql_text()
     qvec = HalfVector(embedder.embed([question]).dense[0])
     # the Python API scales the dense weight by how much of the query the model reads; SQL takes it as given
-    w_dense = embedder.coverage(question)
+    w_dense = s.dense_coverage(question)
     rows = conn.execute("SELECT chunk_id, source FROM corpusync.search_hybrid(%s, %s, NULL, 5, '{}', NULL, %s)",
                         (segmented, qvec, w_dense)).fetchall()
     assert [r[0] for r in rows] == ids(py)
