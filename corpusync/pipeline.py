@@ -36,7 +36,7 @@ log = logging.getLogger("corpusync.refresh")
 def chunk_config(ctx: RefreshContext) -> chunk_stage.ChunkConfig:
     budget = min(ctx.settings.chunk_max_tokens, ctx.embedder.identity.max_tokens)
     return chunk_stage.ChunkConfig(max_tokens=budget, overlap=ctx.settings.chunk_overlap,
-                                   strategy=ctx.settings.chunk_strategy)  # TEMP min_tokens
+                                   strategy=ctx.settings.chunk_strategy, min_tokens=ctx.settings.chunk_min_tokens)
 
 
 def pipeline_fingerprint(ctx: RefreshContext) -> str:

@@ -131,14 +131,15 @@ class Searcher:
 
     def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
                query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
-               rerank: bool = False, fusion: Fusion | None = None) -> list[Hit]:
+               rerank: bool = False, fusion: Fusion | None = None, pool: int | None = None) -> list[Hit]:
         """Top-k hits of one generation (the published one unless given), each channel filtered.
 
         `query_vector`: the text's embedding when the caller already has it (evaluation embeds all
         questions in one batch). `filters`: see `build_filter`. `rerank`: re-order the fused top
         candidates with the configured cross-encoder (skipped, with a warning, when none is configured).
         `fusion`: hybrid fusion to use as given (no coverage scaling); default: `self.fusion()` with the
-        dense weight scaled by `dense_coverage(text)`.
+        dense weight scaled by `dense_coverage(text)`. `pool`: candidates per channel (default: the
+        configured pool, at least k); k may exceed it (fusion tuning reads the whole union).
         """
         if mode not in MODES:
             raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
@@ -173,7 +174,7 @@ class Searcher:
             qvec = HalfVector(list(query_vector) if query_vector is not None else out.dense[0])  # type: ignore[union-attr]
         if use["sparse"] and out is not None and out.sparse is not None and identity.sparse_dim:
             qsparse = SparseVector(out.sparse.row(0), identity.sparse_dim)
-        pool = max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
+        pool = pool or max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
             "qtext": self.analyzer.query(text).sql_text(), "qvec": qvec, "qsparse": qsparse,
             "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)), "generation": generation,

@@ -236,13 +236,13 @@ def embed_documents(
     distinct: dict[str, str] = {}  # every model input of this batch (for segmentation)
     for d in docs:
         for c in d.chunks:
-            distinct.setdefault(c.text_sha256, getattr(c, "model_text", c.text))  # TEMP
+            distinct.setdefault(c.text_sha256, c.model_text)
             if c.text_sha256 in stored.rows:
                 stats.reused += 1
             elif c.text_sha256 in todo:
                 stats.deduplicated += 1
             else:
-                todo[c.text_sha256] = getattr(c, "model_text", c.text)  # TEMP
+                todo[c.text_sha256] = c.model_text
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment") as pool:
         segmented = pool.submit(segment, list(distinct.values())) if segment is not None else None
         out = encode_texts(embedder, list(todo.values()), token_budget, stats, on_batch)

@@ -65,11 +65,11 @@ def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, go
     vectors = encode_texts(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens).dense
     sparse = searcher.embedder.identity.sparse_trained
     all_on = Fusion(weights={"dense": 1.0, "lexical": 1.0, "sparse": 1.0 if sparse else 0.0})
-    k = 3 * max(settings.candidate_pool, 10)
+    pool = max(settings.candidate_pool, 10)  # as a query of k <= pool runs
     out = []
     for q, vec in zip(questions, vectors, strict=True):
-        hits = searcher.search(q.question, k=k, mode="hybrid", generation=generation, query_vector=vec,
-                               fusion=all_on)
+        hits = searcher.search(q.question, k=3 * pool, mode="hybrid", generation=generation, query_vector=vec,
+                               fusion=all_on, pool=pool)
         scale = {"dense": searcher.dense_coverage(q.question)} if settings.dense_coverage_weighting else {}
         units = rel.relevant_chunks(q, docs, by_path).units
         out.append(QuestionCandidates(f"{goldset.name}:{q.id}", candidates_from_hits(hits), units, scale))

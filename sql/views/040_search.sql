@@ -82,7 +82,7 @@ CREATE FUNCTION corpusync.search_hybrid(
     w_lexical double precision DEFAULT NULL,
     w_sparse double precision DEFAULT NULL,
     rrf_k double precision DEFAULT NULL,
-    pool integer DEFAULT 50,
+    pool integer DEFAULT NULL,
     bm25_k1 double precision DEFAULT 1.2,
     bm25_b double precision DEFAULT 0.75
 )
@@ -130,6 +130,7 @@ BEGIN
     w_lexical := coalesce(w_lexical, (fz.weights ->> 'lexical')::float8, 1);
     w_sparse := coalesce(w_sparse, (fz.weights ->> 'sparse')::float8, 1);
     rrf_k := coalesce(rrf_k, fz.rrf_k, 60);
+    pool := coalesce(pool, greatest(50, k));  -- each channel's candidates (k fused rows come from them)
     IF rrf_k <= 0 OR w_dense < 0 OR w_lexical < 0 OR w_sparse < 0 OR pool < 1 OR k < 0
        OR bm25_k1 < 0 OR bm25_b < 0 OR bm25_b > 1 THEN
         RAISE EXCEPTION 'bad search parameters: rrf_k must be > 0, weights >= 0, pool >= 1, k >= 0, '
@@ -239,7 +240,7 @@ BEGIN
     LIMIT $4
     $q$, dim, mid, sparse_cte)
     USING q_text, q_dense, q_sparse, k, coalesce(filter, '{}'::jsonb), gen, w_dense, w_lexical, w_sparse,
-          rrf_k, greatest(pool, k), bm25_k1, bm25_b, lq.terms, lq.phrases, lq.excluded_terms,
+          rrf_k, pool, bm25_k1, bm25_b, lq.terms, lq.phrases, lq.excluded_terms,
           lq.excluded_phrases, checks;
 END
 $fn$;
