@@ -144,6 +144,12 @@ def _print_summary(s: dict[str, Any]) -> None:
     for q in s["quarantined"]:
         typer.secho(f"  quarantined {q['path']} ({q['stage']}: {q['reason']}): {q['error']}",
                     fg=typer.colors.YELLOW)
+    if f := s.get("fusion"):
+        best = f["best"]
+        weights = ", ".join(f"{k} {v:g}" for k, v in best["weights"].items())
+        typer.echo(f"  fusion tuned on {', '.join(f['goldsets'])}: rrf_k {best['rrf_k']:g}, {weights} "
+                   f"(held-out objective {f['held_out']['objective']:.3f}, default "
+                   f"{f['default_scores']['objective']:.3f})")
     for e in s.get("evaluation", []):
         gate = {True: "gate passed", False: "gate FAILED", None: "not gated"}[e["passed"]]
         gated_mode = next(iter(c["mode"] for c in e["checks"]), "hybrid")

@@ -226,9 +226,16 @@ def step_evaluate(ctx: RefreshContext, generation: int | None) -> str | None:
     from query.search import Searcher
     from tasks.evaluate import evaluate_and_gate
 
+    searcher = Searcher(ctx.settings, ctx.conn, ctx.embedder)
+    with ctx.timed("tune"):
+        from tasks.tune import auto_tune
+
+        tuned = auto_tune(ctx.settings, ctx.conn, searcher, generation)
+    if tuned is not None:
+        ctx.summary.fusion = tuned.as_dict()
     with ctx.timed("evaluate"):
         outcome = evaluate_and_gate(
-            ctx.settings, ctx.conn, Searcher(ctx.settings, ctx.conn, ctx.embedder), generation,
+            ctx.settings, ctx.conn, searcher, generation,
             specs=ctx.settings.goldsets, run_id=ctx.run_id, baseline_generation=ctx.base_generation or None,
             override=ctx.skip_gate,
         )

@@ -307,8 +307,14 @@ def _exact(q: QuestionCandidates, f: Fusion) -> dict[str, float]:
 
 
 def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: Sequence[str] = CHANNELS,
-         folds: int = 5, seed: int = 0, grid: Grid | Sequence[Fusion] | None = None) -> TuneResult:
+         folds: int = 5, seed: int = 0, grid: Grid | Sequence[Fusion] | None = None,
+         never_below: bool = True) -> TuneResult:
     """Fit the fusion by `folds`-fold cross-validation on the mean over questions of (recall@10 + mrr@10)/2.
+
+    never_below: only points whose Recall@10 and MRR@10 reach the best single channel's on every group of
+    the training questions (a group: the question id's prefix before ':', i.e. its gold set) are eligible;
+    when none is, the point whose worst shortfall is smallest wins. Hybrid then never loses to a channel on
+    the gold sets it was fitted on, whichever channel is the strong one there.
 
     Searched: `channels` that some candidate has (grid points give the others weight 0); `grid` is a Grid
     (default Grid()) or explicit fusions; the default (with channels no candidate has zeroed) is always a
@@ -340,8 +346,14 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     points: dict[tuple[Any, ...], Fusion] = {}
     for f in [base, *(_effective(f, present) for f in grid)]:
         points.setdefault(_key(f, present), f)
+    singles = [_effective(Fusion(weights={c: float(c == ch) for c in CHANNELS}), present) for ch in searched]
+    for f in singles:
+        points.setdefault(_key(f, present), f)
     fusions = list(points.values())
-    obj = np.stack([batch.scores(f).mean(axis=1) for f in fusions])  # (points, questions)
+    rm = np.stack([batch.scores(f) for f in fusions])  # (points, questions, [recall@10, mrr@10])
+    obj = rm.mean(axis=2)  # (points, questions)
+    single_idx = [fusions.index(points[_key(f, present)]) for f in singles]
+    group = np.array([q.question_id.split(":", 1)[0] if ":" in q.question_id else "" for q in qs])
     base_key = _key(base, present)
 
     def preference(i: int) -> tuple[Any, ...]:
@@ -351,9 +363,27 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
         return (_key(f, present) != base_key, len(f.active()), round(rel_sum, 12), f.method != base.method,
                 abs(f.rrf_k - base.rrf_k) if f.method == "rrf" else 0.0, i)
 
+    def shortfall(mask: np.ndarray) -> np.ndarray:
+        """Per point: the largest amount by which it falls below the best channel (R@10 or MRR@10) on any
+        group of the masked questions (<= 0: never below)."""
+        worst = np.full(len(fusions), -np.inf)
+        for g in np.unique(group[mask]):
+            m = mask & (group == g)
+            per = rm[:, m, :].mean(axis=1)  # (points, 2)
+            best = per[single_idx].max(axis=0)  # (2,)
+            worst = np.maximum(worst, (best[None, :] - per).max(axis=1))
+        return worst
+
     def pick(mask: np.ndarray) -> int:
         means = obj[:, mask].mean(axis=1)
-        return min((int(i) for i in np.flatnonzero(means >= means.max() - _TIE)), key=preference)
+        eligible = np.ones(len(fusions), bool)
+        if never_below:
+            short = shortfall(mask)
+            eligible = short <= _TIE
+            if not eligible.any():
+                eligible = short <= short.min() + _TIE
+        top = means[eligible].max()
+        return min((int(i) for i in np.flatnonzero(eligible & (means >= top - _TIE))), key=preference)
 
     exact: dict[int, list[dict[str, float]]] = {}
 

@@ -94,13 +94,16 @@ class Searcher:
     def fusion(self, model_id: int) -> Fusion:
         """The fusion in force: settings given explicitly, then the one tuned for this model, then RRF with
         weight 1 and k 60."""
-        if model_id not in self._fusions:
+        if model_id not in self._fusions:  # the stored row is read once per searcher
             row = db.fetch_one(self.conn, "latest_fusion", {"model_id": model_id})
-            stored = Fusion.from_dict(row) if row else Fusion()
-            weights = {c: float(self.settings.rrf_weights.get(c, stored.weights.get(c, 1.0))) for c in CHANNELS}
-            self._fusions[model_id] = Fusion(method="rrf", weights=weights,
-                                             rrf_k=float(self.settings.rrf_k or stored.rrf_k))
-        return self._fusions[model_id]
+            self._fusions[model_id] = Fusion.from_dict(row) if row else Fusion()
+        stored = self._fusions[model_id]
+        weights = {c: float(self.settings.rrf_weights.get(c, stored.weights.get(c, 1.0))) for c in CHANNELS}
+        return Fusion(method="rrf", weights=weights, rrf_k=float(self.settings.rrf_k or stored.rrf_k))
+
+    def forget_fusion(self) -> None:
+        """Read the fusion again on the next search (after one was tuned and stored)."""
+        self._fusions.clear()
 
     def published_generation(self) -> int:
         state = db.fetch_one(self.conn, "index_state")

@@ -127,8 +127,16 @@ class Chunk:
     section_path: tuple[str, ...] = ()
     chunk_type: str = "text"
     # Text prepended to the span (a table's header row repeated in each piece of a split table):
-    # text == prefix + document_text[char_start:char_end].
+    # text == prefix + document_text[char_start:char_end], in the document's own characters.
     prefix: str = ""
+    # The section breadcrumb ("民法典 > 第五编 婚姻家庭 > 第五章 收养"), less the headings the text opens with.
+    context: str = ""
+
+    @property
+    def model_text(self) -> str:
+        """What is embedded and lexically indexed (and what text_sha256 and token_count are of): the
+        breadcrumb, a line break, then the text."""
+        return f"{self.context}\n{self.text}" if self.context else self.text
 
 
 @dataclass(slots=True)
@@ -195,4 +203,7 @@ class RunSummary(BaseModel):
     )
     evaluation: list[dict[str, Any]] = Field(
         default_factory=list, description="Gold-set evaluations of the candidate and the gate's verdict."
+    )
+    fusion: dict[str, Any] = Field(
+        default_factory=dict, description="The fusion tuned before this run's evaluation, when one was (auto-tune)."
     )

@@ -181,6 +181,12 @@ class Settings(BaseSettings):
         description="Per-channel weight in hybrid fusion (score = sum of weight / (rrf_k + rank)), e.g. "
         '{"dense": 1, "lexical": 2}. Channels not given: the fusion tuned for the index, else 1.',
     )
+    fusion_auto_tune: bool = Field(
+        True,
+        description="When gold sets are configured and no fusion was tuned for the index's model yet, the "
+        "first gated refresh tunes one on them (as `corpusync tune`) before evaluating, so hybrid starts out "
+        "never below its best channel on them.",
+    )
     dense_coverage_weighting: bool = Field(
         True,
         description="Scale the dense weight by the share of the query the embedding model can read (characters "

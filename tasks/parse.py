@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 from schemas.records import Block, BlockKind, ParsedDocument, SourceFile
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "4"
+PARSE_LOGIC_VERSION = "5"
 
 
 @dataclass(frozen=True)
@@ -44,18 +44,26 @@ class ParseOptions:
     pdf_tables: bool = False
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")
-_SPACES = re.compile(r"[ \t\u00a0\u3000]+")
+_SPACES = re.compile(r"[ \t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _HYPHEN_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[a-zß-öø-ÿ])")  # "exam-\nple" -> "example"
 _COMPOUND_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[A-ZÀ-ÖØ-Þ])")  # "Schwarz-\nWeiß" -> "Schwarz-Weiß"
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef"
-_CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?=[{_CJK}])")
+# Chinese lines re-join, except before a line that opens a legal unit (第X章 / 第X条 + space, （一）, 一、)
+_CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?!第[0-9０-９一二三四五六七八九十百千零〇两]+[编章节条]\s"
+                        rf"|[（(][一二三四五六七八九十]+[）)]|[一二三四五六七八九十]+、)(?=[{_CJK}])")
+# Glyph artefacts of PDF text layers, folded to the characters they draw: Kangxi / CJK radicals ("⾦" for
+# "金") and Latin ligatures ("ﬁ"). Everything else keeps the document's own characters (full-width
+# punctuation and digits included): compatibility folding belongs to the search text and the model input.
+_GLYPH_ARTEFACTS = re.compile("[\u2e80-\u2fdf\ufb00-\ufb06]")
 
 
 def clean_text(text: str) -> str:
-    """NFKC, control characters out, English de-hyphenation, Chinese lines re-joined, whitespace."""
-    text = unicodedata.normalize("NFKC", text)
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    """NFC (canonical forms only), PDF glyph artefacts folded, control characters out, English
+    de-hyphenation, Chinese lines re-joined, whitespace collapsed."""
+    text = unicodedata.normalize("NFC", text)
+    text = _GLYPH_ARTEFACTS.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
     text = _CONTROL.sub("", text)
     text = _HYPHEN_BREAK.sub("", text)
     text = _COMPOUND_BREAK.sub("-", text)
@@ -183,6 +191,26 @@ def html_table_to_markdown(html: str) -> str:
     return rows_to_markdown(rows)
 
 
+_MD_ROW = re.compile(r"^\s*\|?.*[^\\]\|")  # a line with a cell border (a pipe not escaped)
+_MD_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$")
+
+
+def _tables_apart(text: str) -> str:
+    """A blank line before a Markdown table that directly follows a paragraph line (GFM reads a table
+    there; Python-Markdown only after a blank line). Fenced code is left alone."""
+    lines = text.split("\n")
+    out: list[str] = []
+    fenced = False
+    for k, line in enumerate(lines):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif (not fenced and out and out[-1].strip() and not _MD_ROW.match(out[-1]) and _MD_ROW.match(line)
+              and k + 1 < len(lines) and "|" in lines[k + 1] and _MD_DELIMITER.match(lines[k + 1])):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
 def _parse_markup(src: SourceFile, data: bytes, kind: str) -> ParsedDocument:
     _unstructured_ready()
     text = decode_text(data, src.path)
@@ -190,7 +218,7 @@ def _parse_markup(src: SourceFile, data: bytes, kind: str) -> ParsedDocument:
         if kind == "md":
             from unstructured.partition.md import partition_md
 
-            elements = partition_md(text=text)
+            elements = partition_md(text=_tables_apart(text.replace("\r\n", "\n")))
             media = "text/markdown"
         else:
             from unstructured.partition.html import partition_html
@@ -210,7 +238,7 @@ def _parse_markup(src: SourceFile, data: bytes, kind: str) -> ParsedDocument:
 
 _PAGE_NUMBER = re.compile(
     r"^\W*(?:(?:page|seite|p\.)\s*)?(?:\d{1,5}|[ivxlc]{1,6})(?:\s*(?:of|/|von)\s*\d{1,5})?\W*$"
-    r"|^\W*第\s*[0-9一二三四五六七八九十百千]+\s*页(?:\s*[,，/]?\s*共\s*[0-9]+\s*页)?\W*$",
+    r"|^\W*第\s*[0-9０-９一二三四五六七八九十百千]+\s*页(?:\s*[,，/]?\s*共\s*[0-9０-９]+\s*页)?\W*$",
 )
 # Share of the page height at the top and at the bottom where running headers/footers are looked for
 # (scanned book pages carry theirs up to ~11% from the edge).
@@ -611,8 +639,9 @@ def _parse_legacy(src: SourceFile, data: bytes, options: ParseOptions) -> Parsed
 
 
 def rows_to_markdown(rows: list[list[str]]) -> str:
-    """Rows (first = header) as a Markdown table; ragged rows padded, cell pipes escaped."""
-    rows = [[clean_text(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+    """Rows (first = header) as a Markdown table; ragged rows padded, cell pipes escaped (once: a pipe
+    that came escaped, as from a code span, is not escaped again)."""
+    rows = [[clean_text(c).replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
     rows = [r for r in rows if any(r)]
     if not rows:
         return ""

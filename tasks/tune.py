@@ -10,6 +10,7 @@ per index), and every set is reported on its own, so a gain on one set that cost
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ from evaluation.metrics import aggregate, question_scores
 from query.search import Searcher
 from schemas.eval import GoldSet
 from schemas.settings import Settings
+
+log = logging.getLogger("corpusync.tune")
 
 
 @dataclass
@@ -98,7 +101,8 @@ def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher
     outcome = TuneOutcome(rrf, score, goldsets=[gs.name for gs in goldsets])
     for name, qs in by_set.items():
         outcome.per_set[name] = {"default": _scores(qs, rrf.default), "best": _scores(qs, rrf.best),
-                                 "score_method": _scores(qs, score.best)}
+                                 "score_method": _scores(qs, score.best)} | {
+            c: _scores(qs, Fusion(weights={x: float(x == c) for x in CHANNELS})) for c in channels}
     if store:
         row = db.fetch_one(conn, "insert_fusion", {
             "model_id": model_id, "method": rrf.best.method, "weights": db.as_json(rrf.best.weights),
@@ -121,10 +125,37 @@ def describe(outcome: TuneOutcome) -> str:
         s = outcome.score_method
         lines.append(f"normalised score combination: held-out objective {s.held_out['objective']:.4f} "
                      f"(RRF {outcome.result.held_out['objective']:.4f}) with {s.best.label()}")
-    lines.append(f"{'gold set':<22}{'R@10 default':>14}{'R@10 tuned':>12}{'MRR default':>13}{'MRR tuned':>11}")
+    cols = [c for c in CHANNELS if any(c in v for v in outcome.per_set.values())] + ["default", "best"]
+    names = {"default": "hybrid default", "best": "hybrid tuned"}
+    lines.append(f"{'gold set':<18}" + "".join(f"{names.get(c, c):>22}" for c in cols) + "   (R@10 / MRR@10)")
     for name, v in outcome.per_set.items():
-        lines.append(f"{name[:21]:<22}{v['default']['recall@10']:>14.4f}{v['best']['recall@10']:>12.4f}"
-                     f"{v['default']['mrr@10']:>13.4f}{v['best']['mrr@10']:>11.4f}")
+        lines.append(f"{name[:17]:<18}" + "".join(
+            f"{v[c]['recall@10']:>14.4f} / {v[c]['mrr@10']:.3f}" for c in cols))
     lines.append(f"stored as fusion {outcome.stored_id} for this index's model (used by query, SQL and the gate)"
                  if outcome.stored_id else "not stored (--dry-run)")
     return "\n".join(lines)
+
+
+def auto_tune(settings: Settings, conn: psycopg.Connection, searcher: Searcher, generation: int,
+              folds: int = 5) -> TuneOutcome | None:
+    """Before the first gated evaluation of an index: when no fusion was tuned for its model yet, tune one
+    on the configured gold sets (settings.fusion_auto_tune), so hybrid starts out never below its best
+    channel on them. Returns None when a fusion exists or there are too few questions to cross-validate."""
+    from evaluation.goldsets import load_goldset, sample_questions
+
+    if not settings.fusion_auto_tune or not settings.goldsets:
+        return None
+    if db.fetch_one(conn, "latest_fusion", {"model_id": searcher.index_model_id(generation)}) is not None:
+        return None
+    sets = [sample_questions(load_goldset(s, settings.goldset_dirs), settings.eval_max_questions)
+            for s in settings.goldsets]
+    if sum(len(gs.questions) for gs in sets) < 4 * folds:
+        log.info("fusion not tuned: %d gold questions are too few for %d-fold cross-validation",
+                 sum(len(gs.questions) for gs in sets), folds)
+        return None
+    outcome = tune_fusion(settings, conn, searcher, sets, generation, folds=folds)
+    searcher.forget_fusion()
+    r = outcome.result
+    log.info("fusion tuned on %s: %s (held-out objective %.4f, default %.4f)", ", ".join(outcome.goldsets),
+             r.best.label(), r.held_out["objective"], r.default_scores["objective"])
+    return outcome

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -143,6 +144,10 @@ def test_statistics_come_from_the_generation_queried(sample, conn, embedder) -> 
     assert orphans == 0
 
 
+def indexed_text(conn: Any, hit: Any) -> str:
+    return conn.execute("SELECT search_text FROM corpusync.chunks WHERE id = %s", (hit.chunk_id,)).fetchone()[0]
+
+
 def test_exclusion_and_phrase_syntax_in_python_and_sql(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
     settings, _ = sample
     s = Searcher(settings, conn, embedder)
@@ -150,18 +155,43 @@ def test_exclusion_and_phrase_syntax_in_python_and_sql(sample, conn, embedder) -
     assert any("Panthers" in h.text for h in base)
     without = s.search("Super Bowl Broncos -Panthers", k=20, mode="lexical")
     assert without and not any("panthers" in h.text.lower() for h in without)
+    # a phrase must appear in what the index holds: the chunk's breadcrumb and text, normalised
     phrase = s.search('"Levi\'s Stadium" Super Bowl', k=20, mode="lexical")
-    assert phrase and all("levi's stadium" in h.text.lower() for h in phrase)
+    assert phrase and all("levi's stadium" in indexed_text(conn, h) for h in phrase)
     assert len(phrase) < len(base) or len(base) < 20
     zh = s.search('"付款方式" 合同', k=20, mode="lexical")
-    assert zh and all("付款方式" in h.text for h in zh)
+    assert zh and all("付款方式" in indexed_text(conn, h) for h in zh)
     # the same syntax in SQL (segmented, as `corpusync segment` prints it)
     sql_text = Analyzer.from_settings(settings).query("Super Bowl Broncos -Panthers").sql_text()
     rows = conn.execute("SELECT chunk_id FROM corpusync.search_text(%s, 20)", (sql_text,)).fetchall()
     assert [r[0] for r in rows] == [h.chunk_id for h in without]
-    rows = conn.execute("""SELECT text FROM corpusync.search_text('bowl "super bowl 50" -"carolina panthers"', 20)"""
-                        ).fetchall()
-    assert rows and all("super bowl 50" in t.lower() and "carolina panthers" not in t.lower() for (t,) in rows)
+    rows = conn.execute("""SELECT c.search_text FROM corpusync.search_text('bowl "super bowl 50" -"carolina panthers"',
+                           20) h JOIN corpusync.chunks c ON c.id = h.chunk_id""").fetchall()
+    assert rows and all("super bowl 50" in t and "carolina panthers" not in t for (t,) in rows)
     # hybrid honours exclusions in its lexical channel
     hybrid = s.search("Super Bowl Broncos -Panthers", k=10, mode="hybrid")
     assert all(h.lexical_rank is None or "panthers" not in h.text.lower() for h in hybrid)
+
+
+def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from corpusync.cli import main
+
+    settings, _ = sample
+    monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url or "")
+    monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
+    assert main(["query", "Super Bowl Broncos", "--mode", "lexical", "-k", "20", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert any("panthers" in h["text"].lower() for h in base)
+    assert main(["query", "Super Bowl Broncos -Panthers", "--mode", "lexical", "-k", "20", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert hits and not any("panthers" in h["text"].lower() for h in hits)
+    assert main(["query", '"付款方式" 合同', "--mode", "lexical", "-k", "20", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert hits and all("付款方式" in indexed_text(conn, SimpleNamespace(chunk_id=h["chunk_id"])) for h in hits)
+    # segment prints what SQL takes: Traditional folded, syntax kept
+    assert main(["segment", '臺灣銀行 "不可抗力" -草案']) == 0
+    out = capsys.readouterr().out.strip()
+    assert '"不可抗力"' in out and "-草案" in out and "台湾" in out

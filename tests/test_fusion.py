@@ -222,5 +222,24 @@ def test_tune_explicit_grid_and_missing_scores() -> None:
     assert all(p["fusion"]["method"] == "rrf" for p in res.per_fold)
     grid = [Fusion("rrf", {"dense": 0, "lexical": 1, "sparse": 0}, 60)]
     res = tune(qs, default=Fusion(), channels=CHANNELS, folds=2, grid=grid)
-    assert res.grid_size == 2 and res.best == grid[0]
+    assert res.grid_size == 3 and res.best == grid[0]  # the default, the grid, and dense alone (the bar)
     assert np.isclose(res.held_out["recall@10"], 1.0)
+
+
+def test_never_below_the_best_channel_of_each_gold_set() -> None:
+    """Set a favours lexical, set b dense. A lexical-heavy fusion has the best objective overall but loses
+    set b to dense alone; the constraint prefers the point that falls least below a set's best channel."""
+    def question(qid: str, first: dict[str, int], second: dict[str, int]) -> QuestionCandidates:
+        return QuestionCandidates(qid, [Candidate(5, first), Candidate(2, second)], [{5}])
+
+    a1 = [question(f"a:1{i}", {"lexical": 1, "dense": 2}, {"dense": 1, "lexical": 2}) for i in range(10)]
+    a2 = [question(f"a:2{i}", {"lexical": 1, "dense": 3}, {"dense": 1, "lexical": 2}) for i in range(10)]
+    b = [question(f"b:{i}", {"dense": 1, "lexical": 2}, {"lexical": 1, "dense": 3}) for i in range(6)]
+    heavy = Fusion("rrf", {"dense": 0.25, "lexical": 1, "sparse": 0}, 5)
+    balanced = Fusion("rrf", {"dense": 0.75, "lexical": 1, "sparse": 0}, 60)
+    qs = a1 + a2 + b
+    loose = tune(qs, default=heavy, channels=CHANNELS, folds=2, grid=[balanced], never_below=False)
+    tight = tune(qs, default=heavy, channels=CHANNELS, folds=2, grid=[balanced])
+    assert loose.best == heavy and fuse(b[0].candidates, heavy, 10)[0] == 2  # loses set b
+    assert tight.best == balanced
+    assert all(fuse(q.candidates, balanced, 10)[0] == 5 for q in a1 + b)
