@@ -19,12 +19,18 @@ from typing import Any, Literal
 
 from corpusync.errors import ConfigError
 
-TOKENIZER_VERSION = "2"
+TOKENIZER_VERSION = "3"
 MAX_TOKEN_CHARS = 64
 QueryMode = Literal["cut", "search"]  # jieba cut (precise) or cut_for_search (also sub-words), as at index time
 
 # Han, the one unspaced script jieba segments: iteration marks, Ext A, URO, compatibility, Ext B..I, G/H.
 CJK = r"\u3005\u3007\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f\U00030000-\U000323af"
+HAN = re.compile(f"[{CJK}]")
+
+
+def is_cjk(ch: str) -> bool:
+    """Whether a character is Han (the project's one definition: parse, OCR and chunking use it too)."""
+    return bool(HAN.match(ch))
 
 
 def _class(ranges: Iterable[tuple[int, int]], keep: Any) -> str:
@@ -91,7 +97,9 @@ def _normalize(text: str) -> str:
         text = _opencc().convert(text)
     except UnicodeEncodeError:  # lone surrogates (undecodable bytes kept by surrogateescape): drop them
         text = _opencc().convert(text.encode("utf-8", "ignore").decode("utf-8"))
-    return " ".join(text.split())
+    # casefold and OpenCC can leave text that is not NFKC (Greek ΐ decomposes): normalise last, so that
+    # SQL's NFKC of what we send changes nothing
+    return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
 @cache

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from corpusync.errors import ConfigError
+from corpusync.lexical import is_cjk
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def paragraphs_with_extent(lines: list[OcrLine]) -> list[tuple[str, float, float
     for para, (top, bottom) in zip(paragraphs, extents, strict=True):
         s = para[0]
         for nxt in para[1:]:
-            joiner = "" if (s[-1:] and "\u3400" <= s[-1] <= "\u9fff") or ("\u3400" <= nxt[0] <= "\u9fff") else " "
+            joiner = "" if (s[-1:] and is_cjk(s[-1])) or is_cjk(nxt[0]) else " "
             s = s[:-1] + nxt if s.endswith("-") and nxt[:1].islower() else s + joiner + nxt
         out.append((s, top, bottom))
     return out

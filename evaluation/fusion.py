@@ -265,8 +265,9 @@ class _Batch:
                     self.unit[qi, j, u] = c.chunk_id in unit
             self.rel[qi] = self.unit[qi].any(axis=1)
 
-    def scores(self, f: Fusion) -> np.ndarray:
-        """(questions, 2): recall@10 and mrr@10 of fuse(candidates, f, 10) for each question."""
+    def scores(self, f: Fusion, scaled: bool = True) -> np.ndarray:
+        """(questions, 2): recall@10 and mrr@10 of fuse(candidates, f, 10) for each question (scaled=False:
+        without the per-question channel multipliers, as a single-channel search mode runs)."""
         if f.method == "score" and not self.has_scores:
             raise ValueError("method 'score' needs every candidate's score in each channel that found it")
         total = np.zeros(self.rel.shape)
@@ -274,7 +275,7 @@ class _Batch:
         for ci, ch in enumerate(CHANNELS):
             if f.weights[ch] <= 0:
                 continue
-            w = f.weights[ch] * self.scale[ci]  # (questions, 1): a channel scaled to 0 does not run
+            w = f.weights[ch] * (self.scale[ci] if scaled else np.ones_like(self.scale[ci]))  # (questions, 1)
             p = self.present[ci] & (w > 0)
             valid |= p
             if f.method == "rrf":
@@ -352,7 +353,8 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     fusions = list(points.values())
     rm = np.stack([batch.scores(f) for f in fusions])  # (points, questions, [recall@10, mrr@10])
     obj = rm.mean(axis=2)  # (points, questions)
-    single_idx = [fusions.index(points[_key(f, present)]) for f in singles]
+    # the bar: each channel searched alone (as --mode dense/lexical runs it: no per-query scaling)
+    bar = np.stack([batch.scores(f, scaled=False) for f in singles])  # (channels, questions, 2)
     group = np.array([q.question_id.split(":", 1)[0] if ":" in q.question_id else "" for q in qs])
     base_key = _key(base, present)
 
@@ -370,7 +372,7 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
         for g in np.unique(group[mask]):
             m = mask & (group == g)
             per = rm[:, m, :].mean(axis=1)  # (points, 2)
-            best = per[single_idx].max(axis=0)  # (2,)
+            best = bar[:, m, :].mean(axis=1).max(axis=0)  # (2,)
             worst = np.maximum(worst, (best[None, :] - per).max(axis=1))
         return worst
 

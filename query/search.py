@@ -73,7 +73,7 @@ class Searcher:
         self.settings = settings
         self.conn = conn
         self._embedder = embedder
-        self._fusions: dict[int, Fusion] = {}
+        self._fusions: dict[tuple[int, int], Fusion] = {}
 
     @property
     def embedder(self) -> Embedder:
@@ -91,13 +91,14 @@ class Searcher:
         coverage = getattr(self.embedder, "coverage", None)
         return float(coverage(self.analyzer.query(text).terms)) if callable(coverage) else 1.0
 
-    def fusion(self, model_id: int) -> Fusion:
-        """The fusion in force: settings given explicitly, then the one tuned for this model, then RRF with
-        weight 1 and k 60."""
-        if model_id not in self._fusions:  # the stored row is read once per searcher
-            row = db.fetch_one(self.conn, "latest_fusion", {"model_id": model_id})
-            self._fusions[model_id] = Fusion.from_dict(row) if row else Fusion()
-        stored = self._fusions[model_id]
+    def fusion(self, model_id: int, generation: int) -> Fusion:
+        """The fusion in force for a generation: settings given explicitly, then the one tuned for this model
+        (on this generation or an earlier one that was not refused), then RRF with weight 1 and k 60."""
+        key = (model_id, generation)
+        if key not in self._fusions:  # the stored row is read once per searcher
+            row = db.fetch_one(self.conn, "latest_fusion", {"model_id": model_id, "generation": generation})
+            self._fusions[key] = Fusion.from_dict(row) if row else Fusion()
+        stored = self._fusions[key]
         weights = {c: float(self.settings.rrf_weights.get(c, stored.weights.get(c, 1.0))) for c in CHANNELS}
         return Fusion(method="rrf", weights=weights, rrf_k=float(self.settings.rrf_k or stored.rrf_k))
 
@@ -165,7 +166,7 @@ class Searcher:
         if mode != "hybrid":
             fusion = Fusion()  # one channel: its own ranking
         elif fusion is None:
-            fusion = self.fusion(int(state["model_id"]))
+            fusion = self.fusion(int(state["model_id"]), int(state["published_generation"]))
             if self.settings.dense_coverage_weighting and fusion.weights["dense"] > 0:
                 fusion = replace(fusion, weights={**fusion.weights,
                                                   "dense": fusion.weights["dense"] * self.dense_coverage(text)})

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, replace
 
 from corpusync.embedders import Tokenizer
+from corpusync.lexical import CJK
 from schemas.records import Chunk, ChunkedDocument, ParsedDocument
 from tasks.chunk_pack import Crumbs, Piece, Plan, settle, split_long, strip_spans
 
@@ -116,7 +117,7 @@ def classify_line(line: str) -> tuple[str, int, str] | None:
     if m := _CN_ARTICLE.match(line):
         return "clause", _ARTICLE_LEVEL, m.group(0)
     if (m := _DECIMAL.match(line)) and (len(re.findall("[.．]", m.group(1))) > 1 or re.match(
-            r"\s*[A-Z\u4e00-\u9fff]", line[m.end():])):  # "3.5 million" is a quantity, "3.5 Scope" a clause
+            rf"\s*[A-Z{CJK}]", line[m.end():])):  # "3.5 million" is a quantity, "3.5 Scope" a clause
         depth = len(re.findall("[.．]", m.group(1)))
         if _short_heading(line):
             return "heading", 7 + depth, line[:60]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corpusync.errors import ParseError
+from corpusync.lexical import CJK, HAN
 
 if TYPE_CHECKING:
     from corpusync.ocr import OcrEngine
@@ -48,7 +49,7 @@ _SPACES = re.compile(r"[ \t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _HYPHEN_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[a-zß-öø-ÿ])")  # "exam-\nple" -> "example"
 _COMPOUND_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[A-ZÀ-ÖØ-Þ])")  # "Schwarz-\nWeiß" -> "Schwarz-Weiß"
-_CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef"
+_CJK = CJK + r"\u3000-\u303f\uff00-\uffef"  # Han and CJK/full-width punctuation
 # Chinese lines re-join, except before a line that opens a legal unit (第X章 / 第X条 + space, （一）, 一、)
 _CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?!第[0-9０-９一二三四五六七八九十百千零〇两]+[编章节条]\s"
                         rf"|[（(][一二三四五六七八九十]+[）)]|[一二三四五六七八九十]+、)(?=[{_CJK}])")
@@ -439,7 +440,7 @@ def _page_blocks(page: Any) -> list[tuple[tuple[float, float, float, float], str
 def looks_like_heading(text: str) -> bool:
     """Short, at most 3 lines, has letters, and does not read as a sentence (no sentence punctuation at the
     end or inside: a paragraph typeset large is not a heading)."""
-    cjk = sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
+    cjk = len(HAN.findall(text))
     return (len(text) <= (32 if cjk > len(text) / 2 else 120) and text.count("\n") <= 2
             and sum(c.isalpha() for c in text) >= 2 and not re.search(r"[。！？；;,，、:：]$|[。；！？，,]", text))
 
@@ -709,18 +710,21 @@ def parse_document(src: SourceFile, options: ParseOptions) -> ParsedDocument:
     return doc
 
 
-_SCRIPTS = (("zh", "\u4e00", "\u9fff"), ("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"),
-            ("ar", "\u0600", "\u06ff"), ("ru", "\u0400", "\u04ff"))
+_SCRIPTS = (("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"), ("ar", "\u0600", "\u06ff"),
+            ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.lexical defines it
 
 
 def detect_script(text: str) -> str:
     """A coarse language tag from the writing system ('zh', 'ja', 'ko', 'ar', 'ru', else 'latin'), for
     filtering; kana beats Han (Japanese mixes both)."""
-    counts = {tag: 0 for tag, _, _ in _SCRIPTS}
+    counts = {"zh": 0} | {tag: 0 for tag, _, _ in _SCRIPTS}
     letters = 0
     for ch in text[:20000]:
         if ch.isalpha():
             letters += 1
+            if HAN.match(ch):
+                counts["zh"] += 1
+                continue
             for tag, lo, hi in _SCRIPTS:
                 if lo <= ch <= hi:
                     counts[tag] += 1

@@ -60,15 +60,14 @@ class TuneOutcome:
 def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
             generation: int) -> list[QuestionCandidates]:
     """Every question of the gold set with its candidates from all channels and its relevance units."""
-    from tasks.embed import encode_texts
-    from tasks.evaluate import _chunks_of_gold
+    from tasks.evaluate import K_RETRIEVE, _chunks_of_gold
 
     docs, by_path = _chunks_of_gold(conn, goldset, generation)
     questions = goldset.questions
-    vectors = encode_texts(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens).dense
+    vectors = searcher.embedder.embed([q.question for q in questions]).dense  # as the evaluation embeds them
     sparse = searcher.embedder.identity.sparse_trained
     all_on = Fusion(weights={"dense": 1.0, "lexical": 1.0, "sparse": 1.0 if sparse else 0.0})
-    pool = max(settings.candidate_pool, 10)  # as a query of k <= pool runs
+    pool = max(settings.candidate_pool, K_RETRIEVE)  # the pool the evaluation's queries run with
     out = []
     for q, vec in zip(questions, vectors, strict=True):
         hits = searcher.search(q.question, k=3 * pool, mode="hybrid", generation=generation, query_vector=vec,
@@ -79,8 +78,8 @@ def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, go
     return out
 
 
-def _scores(qs: Sequence[QuestionCandidates], fusion: Fusion) -> dict[str, float]:
-    rows = [question_scores(fuse(q.candidates, fusion, 10, q.scale), q.relevant) for q in qs]
+def _scores(qs: Sequence[QuestionCandidates], fusion: Fusion, scaled: bool = True) -> dict[str, float]:
+    rows = [question_scores(fuse(q.candidates, fusion, 10, q.scale if scaled else None), q.relevant) for q in qs]
     agg = aggregate(rows)
     return {"recall@10": agg["recall@10"], "mrr@10": agg["mrr@10"],
             "objective": (agg["recall@10"] + agg["mrr@10"]) / 2}
@@ -94,7 +93,7 @@ def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher
     by_set = {gs.name: collect(settings, conn, searcher, gs, generation) for gs in goldsets}
     questions = [q for qs in by_set.values() for q in qs]
     channels = [c for c in CHANNELS if c != "sparse" or searcher.embedder.identity.sparse_trained]
-    default = searcher.fusion(model_id)
+    default = searcher.fusion(model_id, generation)
     rrf = tune(questions, default=default, channels=channels, folds=folds, seed=seed, grid=Grid(methods=("rrf",)))
     score = tune(questions, default=default, channels=channels, folds=folds, seed=seed,
                  grid=Grid(methods=("score",)))
@@ -102,7 +101,7 @@ def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher
     for name, qs in by_set.items():
         outcome.per_set[name] = {"default": _scores(qs, rrf.default), "best": _scores(qs, rrf.best),
                                  "score_method": _scores(qs, score.best)} | {
-            c: _scores(qs, Fusion(weights={x: float(x == c) for x in CHANNELS})) for c in channels}
+            c: _scores(qs, Fusion(weights={x: float(x == c) for x in CHANNELS}), scaled=False) for c in channels}
     if store:
         row = db.fetch_one(conn, "insert_fusion", {
             "model_id": model_id, "method": rrf.best.method, "weights": db.as_json(rrf.best.weights),
@@ -145,7 +144,8 @@ def auto_tune(settings: Settings, conn: psycopg.Connection, searcher: Searcher, 
 
     if not settings.fusion_auto_tune or not settings.goldsets:
         return None
-    if db.fetch_one(conn, "latest_fusion", {"model_id": searcher.index_model_id(generation)}) is not None:
+    if db.fetch_one(conn, "latest_fusion", {"model_id": searcher.index_model_id(generation),
+                                            "generation": generation}) is not None:
         return None
     sets = [sample_questions(load_goldset(s, settings.goldset_dirs), settings.eval_max_questions)
             for s in settings.goldsets]

@@ -168,9 +168,16 @@ def test_exclusion_and_phrase_syntax_in_python_and_sql(sample, conn, embedder) -
     rows = conn.execute("""SELECT c.search_text FROM corpusync.search_text('bowl "super bowl 50" -"carolina panthers"',
                            20) h JOIN corpusync.chunks c ON c.id = h.chunk_id""").fetchall()
     assert rows and all("super bowl 50" in t and "carolina panthers" not in t for (t,) in rows)
-    # hybrid honours exclusions in its lexical channel
-    hybrid = s.search("Super Bowl Broncos -Panthers", k=10, mode="hybrid")
-    assert all(h.lexical_rank is None or "panthers" not in h.text.lower() for h in hybrid)
+    # a query of phrases only, typed in SQL: the phrases' words find the candidates
+    rows = conn.execute("""SELECT c.search_text FROM corpusync.search_text('"super bowl 50"', 20) h
+                           JOIN corpusync.chunks c ON c.id = h.chunk_id""").fetchall()
+    assert rows and all("super bowl 50" in t for (t,) in rows)
+    # the syntax holds in every channel of a hybrid query, the dense one too
+    for mode in ("hybrid", "dense"):
+        hits = s.search("Super Bowl Broncos -Panthers", k=10, mode=mode)
+        assert hits and not any("panthers" in indexed_text(conn, h) for h in hits), mode
+        hits = s.search('"Levi\'s Stadium" Super Bowl', k=10, mode=mode)
+        assert hits and all("levi's stadium" in indexed_text(conn, h) for h in hits), mode
 
 
 def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

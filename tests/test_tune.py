@@ -41,9 +41,7 @@ def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> N
     # the candidates it fits on reproduce SQL's ranking for any fusion (here: a lexical-heavy one)
     questions = collect(settings, conn, searcher, gs, gen)
     probe = Fusion(weights={"dense": 0.5, "lexical": 2.0, "sparse": 0.0}, rrf_k=10)
-    from tasks.embed import encode_texts
-
-    vectors = encode_texts(embedder, [q.question for q in gs.questions], settings.embed_batch_tokens).dense
+    vectors = embedder.embed([q.question for q in gs.questions]).dense
     pinned = Searcher(settings.model_copy(update={"rrf_weights": probe.weights, "rrf_k": probe.rrf_k}), conn,
                       embedder)
     for i, (q, gq) in enumerate(list(zip(questions, gs.questions, strict=True))[:8]):
@@ -66,7 +64,7 @@ def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> N
     conn.commit()
     q = "Which NFL team won Super Bowl 50?"
     fresh = Searcher(settings, conn, embedder)
-    assert fresh.fusion(row[0]) == stored
+    assert fresh.fusion(row[0], gen) == stored
     hits = fresh.search(q, k=10)
     cov = fresh.dense_coverage(q)
     for h in hits:
@@ -77,6 +75,18 @@ def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> N
     rows = conn.execute("SELECT chunk_id, score FROM corpusync.search_hybrid(%s, %s, NULL, 10, '{}', NULL, %s)",
                         (fresh.analyzer.query(q).sql_text(), qvec, 0.25 * cov)).fetchall()
     assert [r[0] for r in rows] == [h.chunk_id for h in hits]
+    # a fusion tuned on a candidate that the gate refused never comes into force
+    run = conn.execute("SELECT max(id) FROM corpusync.runs").fetchone()[0]
+    conn.execute("INSERT INTO corpusync.generations (generation, run_id, model_id, status) "
+                 "VALUES (%s, %s, %s, 'refused')", (gen + 1, run, row[0]))
+    conn.execute("INSERT INTO corpusync.fusions (model_id, method, weights, rrf_k, generation) "
+                 "VALUES (%s, 'rrf', '{\"dense\": 3}', 9, %s)", (row[0], gen + 1))
+    conn.commit()
+    assert Searcher(settings, conn, embedder).fusion(row[0], gen) == stored
+    assert Searcher(settings, conn, embedder).fusion(row[0], gen + 1) == stored
+    assert [r[0] for r in conn.execute(
+        "SELECT chunk_id FROM corpusync.search_hybrid(%s, %s, NULL, 10, '{}', NULL, %s)",
+        (fresh.analyzer.query(q).sql_text(), qvec, 0.25 * cov)).fetchall()] == [h.chunk_id for h in hits]
     # explicit settings win over the stored fusion
     override = settings.model_copy(update={"rrf_weights": {"dense": 0.0}})
     assert all(h.dense_rank is None for h in Searcher(override, conn, embedder).search(q, k=10))

@@ -31,9 +31,12 @@ COMMENT ON TABLE corpusync.postings IS
   'Lexical postings: term frequency (tf) of a term in the chunk (version_id, ordinal) and that chunk''s '
   'length in tokens (dl). BM25 statistics are counted over the generation queried.';
 
-ALTER TABLE corpusync.document_versions ADD COLUMN lexical_tokens bigint NOT NULL DEFAULT 0;
+-- NULL: a version indexed before BM25 (no postings; the next refresh re-indexes it, since the pipeline
+-- fingerprint includes the lexical analyzer): left out of BM25's statistics, as it cannot match.
+ALTER TABLE corpusync.document_versions ADD COLUMN lexical_tokens bigint;
 COMMENT ON COLUMN corpusync.document_versions.lexical_tokens IS
-  'Sum of the lexical lengths (tokens) of the version''s chunks: with chunk_count, the BM25 average length.';
+  'Sum of the lexical lengths (tokens) of the version''s chunks: with chunk_count, the BM25 average length '
+  '(NULL: indexed before the BM25 postings existed).';
 
 -- search_text now holds the normalised text (NFKC, lower case, Traditional folded to Simplified, breadcrumb
 -- first) that quoted phrases are matched against; tokens live in postings.
@@ -49,12 +52,13 @@ CREATE TABLE corpusync.fusions (
     rrf_k           double precision NOT NULL CHECK (rrf_k > 0),
     goldset         text,
     goldset_sha256  text,
-    generation      integer,
+    generation      integer,                 -- the generation it was tuned on: in force from there on
     folds           integer,
     report          jsonb NOT NULL DEFAULT '{}'::jsonb,
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX fusions_model ON corpusync.fusions (model_id, created_at DESC);
 COMMENT ON TABLE corpusync.fusions IS
-  'Fusion settings tuned on a gold set (corpusync eval --tune-fusion): the newest row for the index''s '
-  'model is what search_hybrid, the CLI and the gate use unless weights are given explicitly.';
+  'Fusion settings tuned on gold sets (corpusync tune, or the first gated refresh): for a generation, the '
+  'newest row of its model tuned on it or an earlier generation that was not refused or discarded is what '
+  'search_hybrid, the CLI and the gate use unless weights are given explicitly.';

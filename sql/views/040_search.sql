@@ -33,8 +33,9 @@ CREATE FUNCTION corpusync.lexical_parse(q text, OUT terms text[], OUT phrases te
                                         OUT excluded_terms text[], OUT excluded_phrases text[])
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 -- The lexical query syntax over segmented text (what `corpusync segment` prints): terms separated by
--- spaces are scored; "a quoted phrase" must appear in the chunk's search text (its words are scored too);
--- -term excludes chunks holding that term; -"a phrase" excludes chunks containing the phrase.
+-- spaces are scored; "a quoted phrase" must appear in the chunk's search text (`corpusync segment` lists
+-- its segmented words as terms too; a query of phrases only is scored by their words); -term excludes
+-- chunks holding that term; -"a phrase" excludes chunks containing the phrase.
 DECLARE
     m text[];
     p text;
@@ -50,7 +51,6 @@ BEGIN
             excluded_phrases := excluded_phrases || p;
         ELSE
             phrases := phrases || p;
-            terms := terms || string_to_array(p, ' ');
         END IF;
     END LOOP;
     rest := btrim(regexp_replace(q, '(^|\s)-?"[^"]*"', ' ', 'g'));
@@ -64,6 +64,9 @@ BEGIN
                 terms := terms || tok;
             END IF;
         END LOOP;
+    END IF;
+    IF cardinality(terms) = 0 THEN  -- only phrases, typed by hand: their words find the candidates
+        terms := string_to_array(array_to_string(phrases, ' '), ' ');
     END IF;
     terms := ARRAY(SELECT t FROM unnest(terms) WITH ORDINALITY AS u(t, i) GROUP BY t ORDER BY min(i));
 END
@@ -106,6 +109,7 @@ DECLARE
     lq record;
     fz record;
     checks boolean;
+    syntax text;
 BEGIN
     SELECT array_agg(key) INTO unknown FROM jsonb_object_keys(coalesce(filter, '{}'::jsonb)) AS key
     WHERE key NOT IN ('path', 'glob', 'type', 'chunk_type', 'modified_after', 'modified_before', 'metadata');
@@ -124,13 +128,18 @@ BEGIN
             vector_dims(q_dense), gen, dim;
     END IF;
     -- weights not given come from the fusion tuned for this model (corpusync eval --tune-fusion), else 1
-    SELECT f.weights, f.rrf_k INTO fz FROM corpusync.fusions f WHERE f.model_id = mid
+    SELECT f.weights, f.rrf_k INTO fz FROM corpusync.fusions f
+    LEFT JOIN corpusync.generations fg ON fg.generation = f.generation
+    WHERE f.model_id = mid
+      AND (f.generation IS NULL OR (f.generation <= gen AND fg.status NOT IN ('refused', 'discarded')))
     ORDER BY f.created_at DESC, f.id DESC LIMIT 1;
     w_dense := coalesce(w_dense, (fz.weights ->> 'dense')::float8, 1);
     w_lexical := coalesce(w_lexical, (fz.weights ->> 'lexical')::float8, 1);
     w_sparse := coalesce(w_sparse, (fz.weights ->> 'sparse')::float8, 1);
     rrf_k := coalesce(rrf_k, fz.rrf_k, 60);
-    pool := coalesce(pool, greatest(50, k));  -- each channel's candidates (k fused rows come from them)
+    pool := coalesce(pool, greatest(50, k));
+    bm25_k1 := coalesce(bm25_k1, 1.2);
+    bm25_b := coalesce(bm25_b, 0.75);  -- each channel's candidates (k fused rows come from them)
     IF rrf_k <= 0 OR w_dense < 0 OR w_lexical < 0 OR w_sparse < 0 OR pool < 1 OR k < 0
        OR bm25_k1 < 0 OR bm25_b < 0 OR bm25_b > 1 THEN
         RAISE EXCEPTION 'bad search parameters: rrf_k must be > 0, weights >= 0, pool >= 1, k >= 0, '
@@ -139,6 +148,12 @@ BEGIN
     lq := corpusync.lexical_parse(q_text);
     checks := filter ->> 'chunk_type' IS NOT NULL OR cardinality(lq.phrases) > 0
               OR cardinality(lq.excluded_terms) > 0 OR cardinality(lq.excluded_phrases) > 0;
+    -- the query syntax holds in every channel: a dense or sparse hit must pass it too
+    syntax := CASE WHEN cardinality(lq.phrases) + cardinality(lq.excluded_terms) + cardinality(lq.excluded_phrases) = 0
+              THEN 'true' ELSE $x$NOT EXISTS (SELECT 1 FROM excluded x WHERE x.version_id = c.version_id
+                                                   AND x.ordinal = c.ordinal)
+              AND NOT EXISTS (SELECT 1 FROM unnest($15) ph WHERE strpos(c.search_text, ph) = 0)
+              AND NOT EXISTS (SELECT 1 FROM unnest($17) ph WHERE strpos(c.search_text, ph) > 0)$x$ END;
     IF sdim IS NULL THEN
         sparse_cte := 'SELECT NULL::bigint AS id, NULL::bigint AS rnk, NULL::float8 AS score WHERE false';
     ELSE
@@ -149,8 +164,9 @@ BEGIN
             WHERE $9 > 0 AND $3 IS NOT NULL AND c.model_id = %2$s AND c.sparse IS NOT NULL
               AND c.version_id IN (SELECT id FROM live)
               AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
+              AND %3$s
             ORDER BY c.sparse::sparsevec(%1$s) <#> $3::sparsevec(%1$s)
-            LIMIT $11) s$s$, sdim, mid);
+            LIMIT $11) s$s$, sdim, mid, syntax);
     END IF;
     RETURN QUERY EXECUTE format($q$
     WITH gen_versions AS (  -- the whole generation: BM25's statistics are counted over it
@@ -163,6 +179,10 @@ BEGIN
         FROM gen_versions v JOIN corpusync.documents d ON d.id = v.document_id
         WHERE corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata)
     ),
+    excluded AS MATERIALIZED (
+        SELECT DISTINCT p.version_id, p.ordinal FROM corpusync.postings p
+        WHERE cardinality($16) > 0 AND p.term_id IN (SELECT l.id FROM corpusync.lexicon l WHERE l.term = ANY($16))
+    ),
     dense AS (
         SELECT id, row_number() OVER (ORDER BY distance, id) AS rnk, 1 - distance AS score FROM (
             SELECT c.id, c.dense::halfvec(%1$s) <=> $2::halfvec(%1$s) AS distance
@@ -170,13 +190,14 @@ BEGIN
             WHERE $7 > 0 AND $2 IS NOT NULL AND c.model_id = %2$s
               AND c.version_id IN (SELECT id FROM live)
               AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
+              AND %4$s
             ORDER BY c.dense::halfvec(%1$s) <=> $2::halfvec(%1$s)
             LIMIT $11) d
     ),
     stats AS (
         SELECT greatest(sum(chunk_count), 1)::float8 AS n,
                greatest(sum(lexical_tokens)::float8 / greatest(sum(chunk_count), 1), 1e-9) AS avgdl
-        FROM gen_versions
+        FROM gen_versions WHERE lexical_tokens IS NOT NULL  -- versions indexed before BM25 cannot match
     ),
     post AS MATERIALIZED (  -- every posting of a query term in the generation (index-only scan per term)
         SELECT p.term_id, p.version_id, p.ordinal, p.tf, p.dl
@@ -200,13 +221,9 @@ BEGIN
         ORDER BY b.score DESC, b.version_id, b.ordinal
         LIMIT CASE WHEN $18 THEN NULL ELSE $11 END
     ),
-    excluded AS MATERIALIZED (
-        SELECT DISTINCT p.version_id, p.ordinal FROM corpusync.postings p
-        WHERE cardinality($16) > 0 AND p.term_id IN (SELECT l.id FROM corpusync.lexicon l WHERE l.term = ANY($16))
-    ),
     lexical AS (
-        SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rnk, score FROM (
-            SELECT c.id, t.score
+        SELECT id, row_number() OVER (ORDER BY score DESC, version_id, ordinal) AS rnk, score FROM (
+            SELECT c.id, c.version_id, c.ordinal, t.score
             FROM lex_top t
             JOIN corpusync.chunks c ON c.version_id = t.version_id AND c.ordinal = t.ordinal
             LEFT JOIN excluded x ON x.version_id = t.version_id AND x.ordinal = t.ordinal
@@ -214,7 +231,7 @@ BEGIN
               AND ($5 ->> 'chunk_type' IS NULL OR c.chunk_type = $5 ->> 'chunk_type')
               AND NOT EXISTS (SELECT 1 FROM unnest($15) ph WHERE strpos(c.search_text, ph) = 0)
               AND NOT EXISTS (SELECT 1 FROM unnest($17) ph WHERE strpos(c.search_text, ph) > 0)
-            ORDER BY t.score DESC, c.id
+            ORDER BY t.score DESC, c.version_id, c.ordinal
             LIMIT $11) l
     ),
     sparse AS (%3$s),
@@ -238,7 +255,7 @@ BEGIN
     JOIN corpusync.documents d ON d.id = c.document_id
     ORDER BY f.score DESC, f.id
     LIMIT $4
-    $q$, dim, mid, sparse_cte)
+    $q$, dim, mid, sparse_cte, syntax)
     USING q_text, q_dense, q_sparse, k, coalesce(filter, '{}'::jsonb), gen, w_dense, w_lexical, w_sparse,
           rrf_k, pool, bm25_k1, bm25_b, lq.terms, lq.phrases, lq.excluded_terms,
           lq.excluded_phrases, checks;
@@ -259,7 +276,7 @@ RETURNS TABLE (chunk_id bigint, score double precision, text text, source text, 
 LANGUAGE sql STABLE AS $$
     SELECT h.chunk_id, h.lexical_score, h.text, h.source, h.page_start, h.page_end, h.section_path,
            h.chunk_type, h.generation
-    FROM corpusync.search_hybrid(q, NULL::halfvec, NULL::sparsevec, k, filter, NULL, 0, 1, 0, 60, k) h
+    FROM corpusync.search_hybrid(q, NULL::halfvec, NULL::sparsevec, k, filter, NULL, 0, 1, 0, 60, greatest(k, 1)) h
 $$;
 COMMENT ON FUNCTION corpusync.search_text(text, integer, jsonb) IS
   'Okapi BM25 search over the published generation (no embeddings needed). Segment CJK queries first '
