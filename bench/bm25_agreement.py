@@ -58,6 +58,7 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s (k1={settings.bm25_k1}, b={settings.bm25_b})\n")
     print("| gold set | questions | with hits | top-10 identical (ties aside) | max abs score error |")
     print("|---|---|---|---|---|")
+    mismatches: list[str] = []
     for name in SETS:
         gs = sample_questions(load_goldset(args.goldsets / name), args.queries)
         same = with_hits = 0
@@ -76,9 +77,14 @@ def main() -> None:
             if ok and len(expected) == 10 and len(order) > 10 and scores[order[10]] < expected[-1] * (1 - 1e-5):
                 ok = {h.chunk_id for h in hits} == set(ids[order[:10]].tolist())
             same += ok
+            if not ok and len(mismatches) < 5:
+                mismatches.append(f"{name} {q.id} {q.question!r}: ours {[round(x, 4) for x in got]} vs "
+                                  f"bm25s {[round(x, 4) for x in expected]}")
         err = max(errors) if errors else 0.0
         print(f"| {name} | {len(gs.questions)} | {with_hits} | {same} ({same / len(gs.questions):.1%}) | "
               f"{err:.2e} |")
+    for m in mismatches:
+        print("differs:", m)
     print(f"\nmedian terms per chunk: {statistics.median(len(set(d)) for d in docs):.0f}")
     conn.close()
 
