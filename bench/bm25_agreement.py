@@ -1,8 +1,9 @@
 """Does the lexical channel rank exactly like a textbook BM25? On an index built by bench/eval_goldsets.sh,
 for a fixed sample of each gold set's questions, compare corpusync's lexical top-10 (BM25 in PostgreSQL)
 with the `bm25s` package (Lucene variant, the same k1/b) over the same token lists: corpusync.lexical's
-tokens of every live chunk's search text. Ties aside: a top-10 counts as identical when the score at every
-rank matches and, where the cut-off is not tied, the chunk sets are equal.
+tokens of every live chunk's search text (a question's quoted phrase filters both sides). Ties aside: a
+top-10 counts as identical when the score at every rank matches and, where the cut-off is not tied, the chunk
+sets are equal.
 
 Usage: python bench/bm25_agreement.py [--home .corpusync-bench] [--queries 200]
 """
@@ -64,8 +65,15 @@ def main() -> None:
         same = with_hits = 0
         errors: list[float] = []
         for q in gs.questions:
-            terms = [vocab[t] for t in analyzer.query(q.question).terms if t in vocab]
+            parsed = analyzer.query(q.question)  # a question may quote a phrase ("hoy", “巴拉达”号): it must appear
+            terms = [vocab[t] for t in parsed.terms if t in vocab]
             scores = np.asarray(ref.get_scores(terms), np.float64) if terms else np.zeros(len(ids))
+            if parsed.phrases or parsed.excluded_terms or parsed.excluded_phrases:
+                keep = np.array([all(p in text for p in parsed.phrases)
+                                 and not any(p in text for p in parsed.excluded_phrases)
+                                 and not any(t in tokens for t in parsed.excluded_terms)
+                                 for (_, text), tokens in zip(rows, docs, strict=True)])
+                scores = np.where(keep, scores, 0.0)
             order = np.lexsort((ids, -scores))
             expected = [scores[i] for i in order[:10] if scores[i] > 0]
             hits = searcher.search(q.question, k=10, mode="lexical")
