@@ -161,14 +161,54 @@ def list_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
+def views_checksum() -> str:
+    """One sha256 over every re-appliable view/function file (names and contents, in order)."""
+    h = hashlib.sha256()
+    for view in sorted(VIEWS_DIR.glob("*.sql")):
+        h.update(view.name.encode() + b"\0" + view.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _up_to_date(conn: psycopg.Connection) -> bool:
+    """Whether every migration is applied with its file's checksum and the views are the files' (plain
+    SELECTs: a command on an up-to-date schema runs no DDL and takes no lock analysts' sessions would feel)."""
+    tables = conn.execute("SELECT to_regclass('public.corpusync_migrations'), "
+                          "to_regclass('public.corpusync_views')").fetchone()
+    if tables is None or tables[0] is None or tables[1] is None:
+        return False
+    done: dict[str, str] = dict(conn.execute("SELECT name, checksum FROM public.corpusync_migrations").fetchall())
+    if done != {m.name: m.checksum for m in list_migrations()}:
+        return False
+    row = conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()
+    return row is not None and row[0] == views_checksum()
+
+
+_DEPENDENTS = """
+SELECT DISTINCT dn.nspname || '.' || dc.relname
+FROM pg_depend d
+JOIN pg_rewrite r ON r.oid = d.objid
+JOIN pg_class dc ON dc.oid = r.ev_class
+JOIN pg_namespace dn ON dn.oid = dc.relnamespace
+JOIN pg_class sc ON sc.oid = d.refobjid
+JOIN pg_namespace sn ON sn.oid = sc.relnamespace
+WHERE d.classid = 'pg_rewrite'::regclass AND sn.nspname = 'corpusync' AND dn.nspname <> 'corpusync'
+  AND sc.relkind = 'v'
+ORDER BY 1"""
+
+
 def migrate(conn: psycopg.Connection) -> list[str]:
-    """Apply pending migrations (each in its own transaction) and re-apply views. Idempotent.
+    """Apply pending migrations (each in its own transaction) and, when their files changed, the views and
+    functions. Idempotent, and on an up-to-date schema it only reads: no DDL, no lock.
 
     A migration that was applied with a different checksum than the file now has is an error: landed
-    migrations are immutable.
+    migrations are immutable. Views are re-created only when sql/views/ changed (an upgrade); that drops
+    objects users built on them, which is logged by name.
     """
     from pgvector.psycopg import register_vector
 
+    if _up_to_date(conn):
+        register_vector(conn)
+        return []
     applied: list[str] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
@@ -196,8 +236,22 @@ def migrate(conn: psycopg.Connection) -> list[str]:
                 (mig.version, mig.name, mig.checksum),
             )
             applied.append(mig.name)
-        for view in sorted(VIEWS_DIR.glob("*.sql")):
-            conn.execute(view.read_text())
+        conn.execute("""CREATE TABLE IF NOT EXISTS public.corpusync_views (
+                            singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton), checksum text NOT NULL,
+                            applied_at timestamptz NOT NULL DEFAULT now())""")
+        row = conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()
+        if row is None or row[0] != views_checksum():
+            dropped = [r[0] for r in conn.execute(_DEPENDENTS).fetchall()]
+            if dropped:
+                import logging
+
+                logging.getLogger("corpusync.db").warning(
+                    "upgrading corpusync's views drops these objects built on them: %s; re-create them (and "
+                    "grants on corpusync views) afterwards", ", ".join(dropped))
+            for view in sorted(VIEWS_DIR.glob("*.sql")):
+                conn.execute(view.read_text())
+            conn.execute("INSERT INTO public.corpusync_views (checksum) VALUES (%s) ON CONFLICT (singleton) "
+                         "DO UPDATE SET checksum = excluded.checksum, applied_at = now()", (views_checksum(),))
     register_vector(conn)
     return applied
 

@@ -46,3 +46,35 @@ def test_high_dimensional_halfvec_hnsw_smoke(conn: psycopg.Connection) -> None:
     conn.execute("CREATE INDEX ON v USING hnsw (e halfvec_cosine_ops)")
     row = conn.execute("SELECT e <=> (SELECT e FROM v LIMIT 1) FROM v ORDER BY 1 LIMIT 1").fetchone()
     assert row is not None and row[0] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_analyst_objects_survive_commands_and_an_upgrade_names_what_it_drops(db_url: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Every command runs migrate(): on an up-to-date schema it must not touch the views (no DROP ...
+    CASCADE of an analyst's view, no lost grant, no new function OIDs); only a change of sql/views/ re-creates
+    them, and then it says by name what it drops."""
+    import logging
+    import uuid
+
+    role = f"bi_{uuid.uuid4().hex[:8]}"
+    with db.connection(db_url, autocommit=True) as conn:
+        conn.execute("CREATE VIEW public.my_chunks AS SELECT chunk_id, source_path FROM corpusync.live_chunks")
+        conn.execute(f"CREATE ROLE {role} NOLOGIN")  # generated name
+        try:
+            conn.execute(f"GRANT SELECT ON corpusync.live_chunks TO {role}")
+            oid = conn.execute("SELECT 'corpusync.search_text(text, integer, jsonb)'::regprocedure::oid").fetchone()
+            for _ in range(3):  # refresh, query, db status: each opens the database this way
+                assert db.migrate(conn) == []
+            assert conn.execute("SELECT to_regclass('public.my_chunks')").fetchone()[0] is not None
+            assert conn.execute("SELECT has_table_privilege(%s, 'corpusync.live_chunks', 'SELECT')",
+                                (role,)).fetchone()[0]
+            assert conn.execute("SELECT 'corpusync.search_text(text, integer, jsonb)'::regprocedure::oid"
+                                ).fetchone() == oid
+            # an upgrade of the views (their checksum differs) re-creates them and names what it drops
+            conn.execute("UPDATE public.corpusync_views SET checksum = 'older'")
+            with caplog.at_level(logging.WARNING, logger="corpusync.db"):
+                db.migrate(conn)
+            assert "public.my_chunks" in caplog.text
+            assert conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()[0] == db.views_checksum()
+        finally:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

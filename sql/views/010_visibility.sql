@@ -1,4 +1,4 @@
--- Re-appliable: functions that define generation visibility (applied on every start).
+-- Re-appliable: functions that define generation visibility (applied when sql/views/ changes).
 
 CREATE OR REPLACE FUNCTION corpusync.published_generation() RETURNS integer
 LANGUAGE sql STABLE AS $$ SELECT published_generation FROM corpusync.index_state $$;

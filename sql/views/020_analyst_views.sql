@@ -1,4 +1,4 @@
--- Re-appliable analyst views (dropped and recreated on every start; never store data here).
+-- Re-appliable analyst views (dropped and re-created when sql/views/ changes; never store data here).
 
 DROP VIEW IF EXISTS corpusync.live_chunks CASCADE;
 DROP FUNCTION IF EXISTS corpusync.chunks_at(integer) CASCADE;

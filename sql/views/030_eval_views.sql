@@ -1,4 +1,4 @@
--- Re-appliable evaluation views (dropped and recreated on every start).
+-- Re-appliable evaluation views (dropped and re-created when sql/views/ changes).
 
 DROP VIEW IF EXISTS corpusync.eval_results CASCADE;
 

@@ -1,4 +1,4 @@
--- Re-appliable search functions (recreated on every start). The Python API (query/search.py) calls
+-- Re-appliable search functions (re-created when sql/views/ changes; corpusync.db.migrate). The Python API (query/search.py) calls
 -- corpusync.search_hybrid too, so SQL users and Python get the same hits for the same inputs.
 
 DROP FUNCTION IF EXISTS corpusync.search_text(text, integer, jsonb) CASCADE;
