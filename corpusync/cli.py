@@ -196,12 +196,17 @@ def query(
 
 
 def _parse_filters(items: list[str]) -> dict[str, str]:
+    """KEY=VALUE, or KEY OP VALUE with OP one of >= <= != > < (metadata comparisons: year>=2023)."""
+    import re
+
     out = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise CorpusyncError(f"--filter {item!r}: expected KEY=VALUE (e.g. type=pdf, year=2024)")
-        out[key.strip()] = value.strip()
+        m = re.match(r"^\s*([^<>=!]+?)\s*(>=|<=|!=|=|>|<)\s*(.*)$", item)
+        if not m:
+            raise CorpusyncError(f"--filter {item!r}: expected KEY=VALUE or KEY>=VALUE (e.g. type=pdf, "
+                                 "year>=2023, valid_at=today)")
+        key, op, value = m.groups()
+        out[key if op == "=" else key + op] = value.strip()
     return out
 
 
@@ -256,6 +261,8 @@ def eval_cmd(
                                        "evaluation; exit 1 on regression.")] = False,
     limit: Annotated[int | None, typer.Option(help="At most this many questions per gold set (fixed subset).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    parquet: Annotated[Path | None, typer.Option(
+        "--parquet", help="Also write one row per (gold set, mode, question) to this Parquet file.")] = None,
 ) -> None:
     """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG, search latency per mode, hybrid+rerank when a
     reranker is configured; RAGAS), one report per gold set. Exit 0 pass, 1 regression, 2 error."""
@@ -273,6 +280,11 @@ def eval_cmd(
     except CorpusyncError as exc:
         _fail(exc)
         return
+    if parquet is not None:
+        from corpusync.analytics import eval_parquet
+
+        n_rows = eval_parquet(outcome.evaluations, parquet)
+        typer.echo(f"wrote {n_rows} per-question rows to {parquet}", err=as_json)
     if as_json:
         typer.echo(json.dumps(outcome.summary(), ensure_ascii=False, indent=2, default=str))
     else:
@@ -422,11 +434,29 @@ def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @db_app.command("url")
-def db_url() -> None:
-    """Print the connection URL (for psql, BI tools, SQLAlchemy)."""
+def db_url(
+    reader: Annotated[str | None, typer.Option(
+        "--reader", help="Print the TCP URL a BI tool uses as this reader role (see db grant-reader), password "
+        "left as ***.")] = None,
+    tcp: Annotated[bool, typer.Option(
+        "--tcp", help="Print the TCP URL (embedded server: needs CORPUSYNC_EMBEDDED_LISTEN).")] = False,
+) -> None:
+    """Print the connection URL (for psql, BI tools, SQLAlchemy), with search_path=corpusync,public."""
     from corpusync import db
 
-    typer.echo(db.resolve_database(_settings()).url)
+    settings = _settings()
+    try:
+        loc = db.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
+        url = db.tcp_url(settings, reader) if reader is not None or tcp else db.with_search_path(loc.url)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(url)
+    if reader is not None or tcp:
+        typer.echo("replace *** with the password (or drop ':***': libpq then asks, or reads PGPASSWORD or "
+                   "~/.pgpass)" + ("; the embedded superuser has no password and connects by Unix socket "
+                                   "only: over TCP use --reader NAME" if loc.embedded and reader is None else ""),
+                   err=True)
 
 
 @db_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -452,6 +482,91 @@ def db_stop() -> None:
 
     stopped = db.stop_embedded(_settings())
     typer.echo("stopped" if stopped else "not running")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    workers: Annotated[int, typer.Option(help="Worker processes (each loads the model and its own pool).")] = 1,
+) -> None:
+    """Serve search over HTTP for applications: GET /health, POST /search {"query", "k", "mode", "filters",
+    "generation", "rerank"} -> hits with citations (as `corpusync query --json`). Searches run as
+    CORPUSYNC_SERVE_DATABASE_URL when set (a reader role)."""
+    import uvicorn
+
+    if _State.home is not None:  # the factory reads Settings() from the environment in every worker
+        os.environ["CORPUSYNC_HOME"] = str(_State.home)
+    uvicorn.run("query.service:app_from_env", factory=True, host=host, port=port, workers=workers)
+
+
+@app.command("export")
+def export_cmd(
+    path: Annotated[Path, typer.Argument(help="The Parquet file to write (PATH.parquet).")],
+    vectors: Annotated[bool, typer.Option("--vectors", help="Add the dense embedding (list<float32>).")] = False,
+    generation: Annotated[int | None, typer.Option(
+        help="Export this generation (default: the published one).")] = None,
+) -> None:
+    """Write the live chunks (or a generation's) with their lineage columns to Parquet, streamed in batches."""
+    from corpusync.analytics import export_parquet
+    from corpusync.runtime import open_database
+
+    try:
+        with open_database(_settings()) as conn:
+            done = export_parquet(conn, path, generation=generation, vectors=vectors)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"wrote {done['rows']} chunks of generation {done['generation']} to {done['path']}")
+
+
+@db_app.command("grant-reader")
+def db_grant_reader(
+    name: Annotated[str, typer.Argument(help="The login role to create, or to update.")],
+    password: Annotated[str | None, typer.Option(
+        "--password", help="Its password (shows in shell history and ps: prefer --password-stdin).")] = None,
+    password_stdin: Annotated[bool, typer.Option(
+        "--password-stdin", help="Read the password from the first line of standard input.")] = False,
+    group: Annotated[list[str] | None, typer.Option(
+        "--group", "-g", help="An access group of the reader, repeatable; replaces its groups. It sees documents "
+        "without an ACL and those whose ACL names one of its groups.")] = None,
+) -> None:
+    """Create or update a read-only login role (member of corpusync_reader) for BI tools and analysts.
+    Without --password/--password-stdin an existing role keeps its password (a terminal is prompted)."""
+    from corpusync import roles
+    from corpusync.runtime import open_database
+
+    if password is not None and password_stdin:
+        _fail(CorpusyncError("give --password or --password-stdin, not both"))
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif password is None and sys.stdin.isatty():
+        password = typer.prompt(f"password for {name} (empty: keep the current one)", default="",
+                                hide_input=True, show_default=False) or None
+    try:
+        with open_database(_settings()) as conn:
+            grant = roles.grant_reader(conn, name, password, group or [])
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"{'created' if grant.created else 'updated'} reader {grant.name}"
+               + ("" if grant.password_set else " (password unchanged)")
+               + f"; groups: {', '.join(grant.groups) or '(none: public documents only)'}")
+
+
+@db_app.command("revoke-reader")
+def db_revoke_reader(name: Annotated[str, typer.Argument(help="The reader role to drop.")]) -> None:
+    """Drop a reader role made by grant-reader, and its access groups."""
+    from corpusync import roles
+    from corpusync.runtime import open_database
+
+    try:
+        with open_database(_settings()) as conn:
+            dropped = roles.revoke_reader(conn, name)
+    except CorpusyncError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"dropped reader {name}" if dropped else f"no role {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

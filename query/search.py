@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from datetime import date
 from functools import cached_property
 from typing import Any, Literal
 
@@ -221,28 +222,53 @@ class Searcher:
 
 
 _FILTER_KEYS = {"path", "glob", "type", "chunk_type", "modified_after", "modified_before"}
+_OPS = (">=", "<=", "!=", ">", "<")
 
 
 def build_filter(filters: Mapping[str, Any] | None) -> dict[str, Any]:
     """User filters -> the jsonb filter of corpusync.search_hybrid.
 
     path (prefix), glob ("contracts/**/*.pdf"), type (extension or media type), chunk_type (text, table,
-    ocr), modified_after / modified_before (ISO dates); any other key matches the document's metadata
-    (jsonb containment: sidecar `FILE.meta.json` fields, `lang`, ...). String values that are JSON
-    numbers/booleans/lists are matched as such ("year=2024" matches {"year": 2024}).
+    ocr), modified_after / modified_before (ISO dates), valid_at (an ISO date or "today": only documents
+    in force then, from their valid_from / valid_until); any other key matches the document's metadata
+    (jsonb containment: sidecar `FILE.meta.json` fields, `lang`, ...; a "metadata." prefix is allowed).
+    A key ending in an operator compares instead: {"year>=": 2023}, {"metadata.date<": "2024-06-01"}
+    (numbers numerically, else as text). String values that are JSON numbers/booleans/lists are matched as
+    such ("year=2024" matches {"year": 2024}).
     """
     out: dict[str, Any] = {}
     meta: dict[str, Any] = {}
+    ranges: list[dict[str, Any]] = []
     for key, value in (filters or {}).items():
-        if key in _FILTER_KEYS:
+        op = next((o for o in _OPS if key.endswith(o)), None)
+        if op is not None:
+            name = key[: -len(op)].strip().removeprefix("metadata.")
+            if not name:
+                raise CorpusyncError(f"filter {key!r}: a comparison needs a metadata key (e.g. year>=2023)")
+            ranges.append({"key": name, "op": op, "value": _json_value(value)})
+        elif key == "valid_at":
+            out[key] = _valid_date(value)
+        elif key in _FILTER_KEYS:
             out[key] = str(value).replace("**", "*") if key == "glob" else str(value)
         elif key == "metadata" and isinstance(value, Mapping):
             meta.update(value)
         else:
-            meta[key] = _json_value(value)
+            meta[key.removeprefix("metadata.")] = _json_value(value)
     if meta:
         out["metadata"] = meta
+    if ranges:
+        out["metadata_cmp"] = ranges
     return out
+
+
+def _valid_date(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text == "today":
+        return text
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise CorpusyncError(f"valid_at={value!r}: expected an ISO date (2024-06-01) or 'today'") from None
 
 
 def _json_value(value: Any) -> Any:

@@ -31,6 +31,18 @@ class Settings(BaseSettings):
         description="PostgreSQL URL (with pgvector >= 0.8). Unset: an embedded PostgreSQL 18 is started "
         "on demand under <home>/pgdata and shared by later processes.",
     )
+    embedded_listen: str | None = Field(
+        None,
+        description="Let the embedded PostgreSQL also listen on TCP at this loopback 'host:port' (e.g. "
+        "'127.0.0.1:5433', '[::1]:5433'), for BI tools connecting as reader roles (corpusync db grant-reader); "
+        "TCP requires a password (scram-sha-256), the superuser keeps the Unix socket only. Unset: Unix socket "
+        "only. Non-loopback addresses are refused.",
+    )
+    serve_database_url: SecretStr | None = Field(
+        None,
+        description="Run the query service (`corpusync serve`) as this (reader) role: its searches connect "
+        "with this URL instead of database_url (which still migrates the schema at startup).",
+    )
 
     # --- embedding -------------------------------------------------------------------------------
     embedder: EmbedderName = Field(

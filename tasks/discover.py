@@ -7,8 +7,9 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any
 
 from corpusync.errors import ConfigError
 from schemas.records import QuarantineRecord, SourceFile
@@ -20,11 +21,40 @@ SIDECAR = ".meta.json"
 
 
 def _sidecar(path: Path) -> str:
-    """Canonical JSON of FILE.meta.json (raises ValueError with the reason when it is not a JSON object)."""
+    """Canonical JSON of FILE.meta.json (raises ValueError with the reason when it is not a JSON object or its
+    access and validity fields are malformed)."""
     data = json.loads(path.with_name(path.name + SIDECAR).read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError("must be a JSON object")
+    access_of(data)
     return json.dumps(data, sort_keys=True, ensure_ascii=False)
+
+
+DATE_KEYS = ("valid_from", "valid_until", "effective_date")
+
+
+def access_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The typed access and validity columns of a version from its metadata: "acl" (a group name or a list of
+    them; absent = every reader), "valid_from" / "valid_until" / "effective_date" (ISO dates; the document is
+    in force from valid_from until the day before valid_until). ValueError names the bad field."""
+    out: dict[str, Any] = {"acl": None} | dict.fromkeys(DATE_KEYS)
+    acl = meta.get("acl")
+    if acl is not None:
+        groups = [acl] if isinstance(acl, str) else acl
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g.strip() for g in groups):
+            raise ValueError('"acl" must be a group name or a list of group names')
+        out["acl"] = sorted({g.strip() for g in groups})
+    for key in DATE_KEYS:
+        value = meta.get(key)
+        if value is None:
+            continue
+        try:
+            out[key] = date.fromisoformat(str(value))
+        except ValueError:
+            raise ValueError(f'"{key}" must be an ISO date (2024-06-01), got {value!r}') from None
+    if out["valid_from"] and out["valid_until"] and out["valid_until"] <= out["valid_from"]:
+        raise ValueError('"valid_until" must be after "valid_from"')
+    return out
 
 
 def sha256_file(path: Path) -> str:

@@ -31,6 +31,7 @@ from corpusync.vectors import (
     matrix_of,
 )
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
+from tasks.discover import access_of
 
 
 def recover(conn: psycopg.Connection, run_id: int) -> dict[str, int]:
@@ -188,7 +189,7 @@ def _insert_version(conn: psycopg.Connection, ed: EmbeddedDocument, *, run_id: i
         "chunk_count": len(cd.chunks), "chunk_config": db.as_json(chunk_config),
         "pipeline_fingerprint": fingerprint, "model_id": model_id, "run_id": run_id,
         "metadata": db.as_json(parsed.metadata), "cleaning": db.as_json(parsed.cleaning),
-        "generation": generation, "lexical_tokens": lexical_tokens(ed),
+        "generation": generation, "lexical_tokens": lexical_tokens(ed), **access_of(parsed.metadata),
     })
     assert ver is not None
     return int(doc_row["id"]), int(ver["id"])

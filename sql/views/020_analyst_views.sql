@@ -25,13 +25,13 @@ RETURNS TABLE (
 $$;
 COMMENT ON FUNCTION corpusync.chunks_at(integer) IS 'Every chunk of a given generation, with its lineage.';
 
-CREATE VIEW corpusync.live_chunks AS
+CREATE VIEW corpusync.live_chunks WITH (security_invoker = true) AS
     SELECT * FROM corpusync.chunks_at(corpusync.published_generation());
 COMMENT ON VIEW corpusync.live_chunks IS
   'Chunks of the published generation with full lineage: source path, content hash, pages, character span, '
   'parser and OCR versions, chunker config, embedding model and the run that produced them.';
 
-CREATE VIEW corpusync.documents_current AS
+CREATE VIEW corpusync.documents_current WITH (security_invoker = true) AS
     SELECT d.id AS document_id,
            d.path,
            v.id AS version_id,
@@ -47,6 +47,10 @@ CREATE VIEW corpusync.documents_current AS
            v.chunk_count,
            v.gen_from AS live_since_generation,
            v.run_id AS indexed_by_run,
+           v.acl,
+           v.valid_from,
+           v.valid_until,
+           v.effective_date,
            q.reason AS last_quarantine_reason,
            q.error AS last_quarantine_error,
            q.created_at AS last_quarantined_at,
@@ -68,7 +72,7 @@ CREATE VIEW corpusync.documents_current AS
 COMMENT ON VIEW corpusync.documents_current IS
   'Every known document with its live version (if any) and its latest quarantine record (if any).';
 
-CREATE VIEW corpusync.run_summary AS
+CREATE VIEW corpusync.run_summary WITH (security_invoker = true) AS
     SELECT r.id AS run_id, r.kind, r.status, r.started_at, r.finished_at,
            r.finished_at - r.started_at AS duration,
            r.generation, r.published, r.source_root,

@@ -2,7 +2,7 @@
 
 DROP VIEW IF EXISTS corpusync.eval_results CASCADE;
 
-CREATE VIEW corpusync.eval_results AS
+CREATE VIEW corpusync.eval_results WITH (security_invoker = true) AS
     SELECT e.id AS evaluation_id, e.created_at, e.run_id, e.generation, g.status AS generation_status,
            e.goldset, e.goldset_sha256, e.n_questions, m.key AS mode, x.key AS metric,
            (x.value)::double precision AS value, e.passed, e.overridden, mo.name AS model_name

@@ -9,11 +9,36 @@ DROP FUNCTION IF EXISTS corpusync.search_hybrid(text, halfvec, sparsevec, intege
                                                 double precision, double precision) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, text) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb) CASCADE;
+DROP FUNCTION IF EXISTS corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, date, date) CASCADE;
+DROP FUNCTION IF EXISTS corpusync.json_compare(jsonb, text, jsonb) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.lexical_query(text) CASCADE;
 DROP FUNCTION IF EXISTS corpusync.lexical_parse(text) CASCADE;
 
+CREATE FUNCTION corpusync.json_compare(a jsonb, op text, b jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- a metadata value against a filter value: numerically when the filter value is a number (a numeric
+    -- string in the metadata counts), else as text (ISO dates compare correctly); a missing value is false
+    SELECT CASE
+        WHEN a IS NULL OR jsonb_typeof(a) = 'null' THEN false
+        WHEN jsonb_typeof(b) = 'number' THEN
+            CASE WHEN jsonb_typeof(a) = 'number' OR (jsonb_typeof(a) = 'string' AND (a #>> '{}') ~ '^\s*-?[0-9]+(\.[0-9]+)?\s*$')
+                 THEN CASE op WHEN '>' THEN (a #>> '{}')::numeric > (b #>> '{}')::numeric
+                              WHEN '>=' THEN (a #>> '{}')::numeric >= (b #>> '{}')::numeric
+                              WHEN '<' THEN (a #>> '{}')::numeric < (b #>> '{}')::numeric
+                              WHEN '<=' THEN (a #>> '{}')::numeric <= (b #>> '{}')::numeric
+                              WHEN '!=' THEN (a #>> '{}')::numeric <> (b #>> '{}')::numeric
+                              ELSE (a #>> '{}')::numeric = (b #>> '{}')::numeric END
+                 ELSE false END
+        ELSE CASE op WHEN '>' THEN (a #>> '{}') > (b #>> '{}') WHEN '>=' THEN (a #>> '{}') >= (b #>> '{}')
+                     WHEN '<' THEN (a #>> '{}') < (b #>> '{}') WHEN '<=' THEN (a #>> '{}') <= (b #>> '{}')
+                     WHEN '!=' THEN (a #>> '{}') <> (b #>> '{}') ELSE (a #>> '{}') = (b #>> '{}') END
+    END
+$$;
+COMMENT ON FUNCTION corpusync.json_compare(jsonb, text, jsonb) IS
+  'Compare a metadata value with a filter value (op: >, >=, <, <=, =, !=): numbers numerically, else as text.';
+
 CREATE FUNCTION corpusync.matches_filter(f jsonb, path text, media_type text, mtime timestamptz,
-                                         metadata jsonb)
+                                         metadata jsonb, valid_from date, valid_until date)
 RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT (f ->> 'path' IS NULL OR starts_with(path, f ->> 'path'))
        AND (f ->> 'glob' IS NULL OR path LIKE replace(replace(replace(replace(replace(
@@ -23,11 +48,20 @@ RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
        AND (f ->> 'modified_after' IS NULL OR mtime >= (f ->> 'modified_after')::timestamptz)
        AND (f ->> 'modified_before' IS NULL OR mtime < (f ->> 'modified_before')::timestamptz)
        AND (f -> 'metadata' IS NULL OR metadata @> (f -> 'metadata'))
+       AND (f ->> 'valid_at' IS NULL OR (
+            (valid_from IS NULL OR valid_from <= CASE f ->> 'valid_at' WHEN 'today' THEN current_date
+                                                   ELSE (f ->> 'valid_at')::date END)
+            AND (valid_until IS NULL OR valid_until > CASE f ->> 'valid_at' WHEN 'today' THEN current_date
+                                                        ELSE (f ->> 'valid_at')::date END)))
+       AND (f -> 'metadata_cmp' IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(f -> 'metadata_cmp') c
+            WHERE NOT corpusync.json_compare(metadata -> (c ->> 'key'), c ->> 'op', c -> 'value')))
 $$;
-COMMENT ON FUNCTION corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb) IS
+COMMENT ON FUNCTION corpusync.matches_filter(jsonb, text, text, timestamptz, jsonb, date, date) IS
   'Document-level search filter: {"path": prefix, "glob": "contracts/*.pdf", "type": "pdf", '
-  '"modified_after"/"modified_before": timestamp, "metadata": {jsonb containment}} ("chunk_type" is '
-  'checked per chunk by search_hybrid).';
+  '"modified_after"/"modified_before": timestamp, "metadata": {jsonb containment}, "valid_at": date or '
+  '"today" (valid_from <= d < valid_until, open bounds when NULL), "metadata_cmp": [{"key", "op", "value"}] '
+  '(ranges on metadata: op >, >=, <, <=, =, !=)} ("chunk_type" is checked per chunk by search_hybrid).';
 
 CREATE FUNCTION corpusync.lexical_parse(q text, OUT terms text[], OUT phrases text[],
                                         OUT excluded_terms text[], OUT excluded_phrases text[])
@@ -111,11 +145,18 @@ DECLARE
     checks boolean;
     syntax text;
 BEGIN
-    SELECT array_agg(key) INTO unknown FROM jsonb_object_keys(coalesce(filter, '{}'::jsonb)) AS key
-    WHERE key NOT IN ('path', 'glob', 'type', 'chunk_type', 'modified_after', 'modified_before', 'metadata');
+    IF filter IS NULL OR jsonb_typeof(filter) = 'null' THEN
+        filter := '{}';
+    ELSIF jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'filter must be a JSON object, not %', jsonb_typeof(filter);
+    END IF;
+    SELECT array_agg(key) INTO unknown FROM jsonb_object_keys(filter) AS key
+    WHERE key NOT IN ('path', 'glob', 'type', 'chunk_type', 'modified_after', 'modified_before', 'metadata',
+                      'valid_at', 'metadata_cmp');
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'unknown filter key(s): %', array_to_string(unknown, ', ')
-            USING HINT = 'use path, glob, type, chunk_type, modified_after, modified_before, or metadata: {...}';
+            USING HINT = 'use path, glob, type, chunk_type, modified_after, modified_before, valid_at, '
+                         'metadata: {...} or metadata_cmp: [{"key", "op", "value"}]';
     END IF;
     gen := coalesce(at_generation, (SELECT s.published_generation FROM corpusync.index_state s));
     SELECT g.model_id INTO mid FROM corpusync.generations g WHERE g.generation = gen;
@@ -170,14 +211,15 @@ BEGIN
     END IF;
     RETURN QUERY EXECUTE format($q$
     WITH gen_versions AS (  -- the whole generation: BM25's statistics are counted over it
-        SELECT v.id, v.chunk_count, v.lexical_tokens, v.document_id, v.media_type, v.mtime, v.metadata
+        SELECT v.id, v.chunk_count, v.lexical_tokens, v.document_id, v.media_type, v.mtime, v.metadata,
+               v.valid_from, v.valid_until
         FROM corpusync.document_versions v
         WHERE corpusync.visible_in(v.gen_from, v.gen_to, $6) AND v.model_id = %2$s
     ),
     live AS (  -- visible versions that pass the document-level filter (a hashed lookup per chunk below)
         SELECT v.id
         FROM gen_versions v JOIN corpusync.documents d ON d.id = v.document_id
-        WHERE corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata)
+        WHERE corpusync.matches_filter($5, d.path, v.media_type, v.mtime, v.metadata, v.valid_from, v.valid_until)
     ),
     excluded AS MATERIALIZED (
         SELECT DISTINCT p.version_id, p.ordinal FROM corpusync.postings p
