@@ -24,6 +24,7 @@ from schemas.settings import Settings
 
 Mode = Literal["hybrid", "dense", "lexical", "sparse"]
 MODES = ("hybrid", "dense", "lexical", "sparse")
+MAX_K = 10_000  # hnsw.ef_search and the channel pools are sized from k
 log = logging.getLogger("corpusync.query")
 
 
@@ -150,6 +151,8 @@ class Searcher:
             raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
         if k <= 0:
             return []
+        if k > MAX_K:
+            raise CorpusyncError(f"k={k} is more than {MAX_K} hits: ask for fewer (or page with filters)")
         state = self._index_model(generation)
         identity = self.embedder.identity
         if identity.identity_hash != state["identity_hash"]:

@@ -57,6 +57,24 @@ def access_of(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_PATH_BYTES = 2000  # a document's path is its identity, indexed by a btree (at most ~2,700 bytes a key)
+
+
+def _bad_name(rel: str) -> QuarantineRecord | None:
+    """A path PostgreSQL cannot hold as the document's identity: not UTF-8 (the file system gave bytes that
+    decode to surrogates) or too long for the index."""
+    try:
+        size = len(rel.encode("utf-8"))
+    except UnicodeEncodeError:
+        shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return QuarantineRecord(shown, "discover", "bad-file-name",
+                                f"{shown}: the file name is not valid UTF-8; rename the file")
+    if size > MAX_PATH_BYTES:
+        return QuarantineRecord(rel[:200] + "…", "discover", "path-too-long",
+                                f"{rel[:200]}…: the path is {size} bytes (at most {MAX_PATH_BYTES}); shorten it")
+    return None
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -92,6 +110,7 @@ def discover(
     if not root.is_dir():
         raise ConfigError(f"source {root} is not a folder")
     include, exclude = list(include), list(exclude)
+    real_root = root.resolve()
     files: list[SourceFile] = []
     problems: list[QuarantineRecord] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -104,7 +123,15 @@ def discover(
             rel = abs_path.relative_to(root).as_posix()
             if not _matches(rel, include) or _matches(rel, exclude):
                 continue
+            if problem := _bad_name(rel):
+                problems.append(problem)
+                continue
             try:
+                if abs_path.is_symlink() and not abs_path.resolve().is_relative_to(real_root):
+                    problems.append(QuarantineRecord(rel, "discover", "outside-source",
+                                                     f"{rel} is a link to {os.readlink(abs_path)}, outside the "
+                                                     f"source folder {real_root}: not indexed"))
+                    continue
                 st = abs_path.stat()
                 if not abs_path.is_file():
                     continue
@@ -113,8 +140,9 @@ def discover(
             except OSError as exc:
                 problems.append(QuarantineRecord(rel, "discover", "unreadable", f"{type(exc).__name__}: {exc}"))
                 continue
-            except ValueError as exc:
-                problems.append(QuarantineRecord(rel, "discover", "bad-metadata", f"{name}{SIDECAR}: {exc}"))
+            except (ValueError, RecursionError) as exc:  # RecursionError: a JSON sidecar nested too deep
+                reason = str(exc) if isinstance(exc, ValueError) else "nested too deeply to read"
+                problems.append(QuarantineRecord(rel, "discover", "bad-metadata", f"{name}{SIDECAR}: {reason}"))
                 continue
             if meta:
                 digest = hashlib.sha256(f"{digest}:{meta}".encode()).hexdigest()

@@ -198,6 +198,9 @@ def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: 
     assert main(["query", '"付款方式" 合同', "--mode", "lexical", "-k", "20", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert hits and all("付款方式" in indexed_text(conn, SimpleNamespace(chunk_id=h["chunk_id"])) for h in hits)
+    # an absurd k is a clear error (exit 2), not an unhandled hnsw.ef_search failure
+    assert main(["query", "Super Bowl", "-k", "99999999999"]) == 2
+    assert "more than 10000 hits" in capsys.readouterr().err
     # segment prints what SQL takes: Traditional folded, syntax kept
     assert main(["segment", '臺灣銀行 "不可抗力" -草案']) == 0
     out = capsys.readouterr().out.strip()
