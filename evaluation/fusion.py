@@ -302,9 +302,15 @@ def _folds(ids: Sequence[str], folds: int, seed: int) -> np.ndarray:
     return out
 
 
-def _exact(q: QuestionCandidates, f: Fusion) -> dict[str, float]:
-    s = question_scores(fuse(q.candidates, f, 10, q.scale), q.relevant)
+def _exact(q: QuestionCandidates, f: Fusion, scaled: bool = True) -> dict[str, float]:
+    s = question_scores(fuse(q.candidates, f, 10, q.scale if scaled else None), q.relevant)
     return {"recall@10": s["recall@10"], "mrr@10": s["mrr@10"], "objective": (s["recall@10"] + s["mrr@10"]) / 2}
+
+
+def score(questions: Sequence[QuestionCandidates], f: Fusion, *, scaled: bool = True) -> dict[str, float]:
+    """Recall@10, MRR@10 and the objective of `f` over the questions (scaled=False: without the per-query
+    channel multipliers, as a single-channel search mode runs)."""
+    return aggregate([_exact(q, f, scaled) for q in questions])
 
 
 def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: Sequence[str] = CHANNELS,

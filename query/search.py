@@ -87,11 +87,14 @@ class Searcher:
     def analyzer(self) -> lexical.Analyzer:
         return lexical.Analyzer.from_settings(self.settings)
 
-    def dense_coverage(self, text: str) -> float:
+    def dense_coverage(self, text: str | lexical.ParsedQuery) -> float:
         """How much of the query the dense model can read: the share of the query's words (lexical terms)
         its tokenizer has no unknown piece for (1.0 when the embedder cannot tell)."""
         coverage = getattr(self.embedder, "coverage", None)
-        return float(coverage(self.analyzer.query(text).terms)) if callable(coverage) else 1.0
+        if not callable(coverage):
+            return 1.0
+        parsed = self.analyzer.query(text) if isinstance(text, str) else text
+        return float(coverage(parsed.terms))
 
     def fusion(self, model_id: int, generation: int) -> Fusion:
         """The fusion in force for a generation: settings given explicitly, then the one tuned for this model
@@ -167,13 +170,14 @@ class Searcher:
             )
         use = {"dense": mode in ("dense", "hybrid"), "lexical": mode in ("lexical", "hybrid"),
                "sparse": mode in ("sparse", "hybrid") and identity.sparse_trained}
+        parsed = self.analyzer.query(text)  # segmented once: for the lexical channel and the dense coverage
         if mode != "hybrid":
             fusion = Fusion()  # one channel: its own ranking
         elif fusion is None:
             fusion = self.fusion(int(state["model_id"]), int(state["published_generation"]))
             if self.settings.dense_coverage_weighting and fusion.weights["dense"] > 0:
                 fusion = replace(fusion, weights={**fusion.weights,
-                                                  "dense": fusion.weights["dense"] * self.dense_coverage(text)})
+                                                  "dense": fusion.weights["dense"] * self.dense_coverage(parsed)})
         w = fusion.weights
         use = {c: on and w[c] > 0 for c, on in use.items()}
         qvec = qsparse = None
@@ -184,7 +188,7 @@ class Searcher:
             qsparse = SparseVector(out.sparse.row(0), identity.sparse_dim)
         pool = pool or max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
-            "qtext": self.analyzer.query(text).sql_text(), "qvec": qvec, "qsparse": qsparse,
+            "qtext": parsed.sql_text(), "qvec": qvec, "qsparse": qsparse,
             "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)), "generation": generation,
             "w_dense": w.get("dense", 1.0) if use["dense"] else 0.0,
             "w_lex": w.get("lexical", 1.0) if use["lexical"] else 0.0,

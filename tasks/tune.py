@@ -26,10 +26,9 @@ from evaluation.fusion import (
     QuestionCandidates,
     TuneResult,
     candidates_from_hits,
-    fuse,
+    score,
     tune,
 )
-from evaluation.metrics import aggregate, question_scores
 from query.search import Searcher
 from schemas.eval import GoldSet
 from schemas.settings import Settings
@@ -78,13 +77,6 @@ def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, go
     return out
 
 
-def _scores(qs: Sequence[QuestionCandidates], fusion: Fusion, scaled: bool = True) -> dict[str, float]:
-    rows = [question_scores(fuse(q.candidates, fusion, 10, q.scale if scaled else None), q.relevant) for q in qs]
-    agg = aggregate(rows)
-    return {"recall@10": agg["recall@10"], "mrr@10": agg["mrr@10"],
-            "objective": (agg["recall@10"] + agg["mrr@10"]) / 2}
-
-
 def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldsets: Sequence[GoldSet],
                 generation: int, *, folds: int = 5, seed: int = 0, store: bool = True) -> TuneOutcome:
     """Fit on the questions of all `goldsets` together; store the chosen RRF fusion for the generation's model
@@ -95,13 +87,13 @@ def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher
     channels = [c for c in CHANNELS if c != "sparse" or searcher.embedder.identity.sparse_trained]
     default = searcher.fusion(model_id, generation)
     rrf = tune(questions, default=default, channels=channels, folds=folds, seed=seed, grid=Grid(methods=("rrf",)))
-    score = tune(questions, default=default, channels=channels, folds=folds, seed=seed,
-                 grid=Grid(methods=("score",)))
-    outcome = TuneOutcome(rrf, score, goldsets=[gs.name for gs in goldsets])
+    by_score = tune(questions, default=default, channels=channels, folds=folds, seed=seed,
+                    grid=Grid(methods=("score",)))
+    outcome = TuneOutcome(rrf, by_score, goldsets=[gs.name for gs in goldsets])
     for name, qs in by_set.items():
-        outcome.per_set[name] = {"default": _scores(qs, rrf.default), "best": _scores(qs, rrf.best),
-                                 "score_method": _scores(qs, score.best)} | {
-            c: _scores(qs, Fusion(weights={x: float(x == c) for x in CHANNELS}), scaled=False) for c in channels}
+        outcome.per_set[name] = {"default": score(qs, rrf.default), "best": score(qs, rrf.best),
+                                 "score_method": score(qs, by_score.best)} | {
+            c: score(qs, Fusion(weights={x: float(x == c) for x in CHANNELS}), scaled=False) for c in channels}
     if store:
         row = db.fetch_one(conn, "insert_fusion", {
             "model_id": model_id, "method": rrf.best.method, "weights": db.as_json(rrf.best.weights),
