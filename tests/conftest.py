@@ -15,11 +15,18 @@ import pytest
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+# The production default is bge-m3 (weights not available here); the tests embed with the packaged MiniLM.
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"
-# Real documents and gold sets live beside the checkout (../shared/data); overridable for other layouts.
+# Real documents and gold sets: the full collection beside the checkout (../shared/data, or CORPUSYNC_TEST_DATA)
+# when it is there, else the small excerpts bundled in tests/data (provenance in tests/data/SOURCE.md), so a
+# fresh clone runs every test. The bundled files keep their shared relative paths; an excerpt has its own name.
 SHARED_DATA = Path(os.environ.get("CORPUSYNC_TEST_DATA", REPO.parent / "shared" / "data"))
+BUNDLED_DATA = REPO / "tests" / "data"
+TEST_DATA = SHARED_DATA if SHARED_DATA.is_dir() else BUNDLED_DATA
+USING_SHARED_DATA = TEST_DATA == SHARED_DATA
 
 
 def _db_url(server_url: str, name: str) -> str:

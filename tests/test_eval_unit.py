@@ -1,5 +1,6 @@
 """Evaluation pure functions: metrics against hand-computed values, the paired bootstrap and the gate,
-relevance rules, and the gold-set loaders on the real gold sets in ../shared/data/goldsets."""
+relevance rules, and the gold-set loaders on the real gold sets in ../shared/data/goldsets (else on the excerpts
+bundled in tests/data/goldsets)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ from evaluation.ragas_eval import RagasSample, ragas_scores
 from evaluation.report import describe_gold, markdown
 from schemas.eval import Evaluation, GoldQuestion, GoldRef, GoldSet, QuestionResult
 from schemas.settings import Settings
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import REPO, TEST_DATA, USING_SHARED_DATA
 
-GOLDSETS = SHARED_DATA / "goldsets"
+GOLDSETS = TEST_DATA / "goldsets"
+# (questions, passages) of SQuAD v1.1 dev and CMRC 2018 dev: the full sets, or the bundled excerpts (their first
+# 2 and 20 articles, tests/data/SOURCE.md)
+SQUAD_SIZE, CMRC_SIZE = ((10570, 2067), (3219, 848)) if USING_SHARED_DATA else ((289, 45), (74, 20))
 
 
 def test_metrics_hand_computed() -> None:
@@ -220,20 +224,19 @@ def test_report_shows_latency_notes_and_alternatives() -> None:
 
 def test_demo_goldset_loads() -> None:
     gs = load_goldset(REPO / "examples" / "goldset.jsonl")
-    assert len(gs.questions) == 58 and gs.questions[0].level == "document"
+    assert len(gs.questions) == 59 and gs.questions[0].level == "document"
     assert gs.sha256 == goldset_hash(reversed(gs.questions))  # order-independent
     assert sample_questions(gs, 10).questions == sample_questions(gs, 10).questions
     assert len(sample_questions(gs, 10).questions) == 10
 
 
-@pytest.mark.skipif(not GOLDSETS.exists(), reason="shared gold sets not present")
 def test_real_goldset_loaders(tmp_path: Path) -> None:
     squad = load_goldset("squad-v1.1-dev", [GOLDSETS])
-    assert len(squad.questions) == 10570 and len(squad.passages) == 2067
+    assert (len(squad.questions), len(squad.passages)) == SQUAD_SIZE
     q = squad.questions[0]
     assert q.gold_documents == ["1973_oil_crisis_000.txt"] and "October 1973" in q.answers
     cmrc = load_goldset(GOLDSETS / "cmrc2018")
-    assert len(cmrc.questions) == 3219 and len(cmrc.passages) == 848
+    assert (len(cmrc.questions), len(cmrc.passages)) == CMRC_SIZE
     assert cmrc.questions[0].gold_documents == [passage_filename("DEV_0")]
     dur = load_goldset(GOLDSETS / "dureader2-demo")
     assert 0 < len(dur.questions) <= 100 and all(q.level == "document" for q in dur.questions)
