@@ -1,8 +1,16 @@
-# corpusync worker image (CPU). GPU users: start FROM a CUDA PyTorch image and drop the torch pin.
+# corpusync worker image: the pipeline, its deployments (prefect.yaml) and everything the flows import.
+# torch: the CPU build from PyTorch's CPU wheel index (TORCH=cpu, the default), or the CUDA build from the
+# default index (TORCH=cuda: docker-compose.yml's `gpu` profile). scripts/install.sh is the one install that
+# `make install` and tests/test_install.py run too. No model, corpus or gold set is baked in: compose mounts them.
 FROM python:3.11-slim
+ARG TORCH=cpu
+# libmagic1: unstructured's file-type detection (python-magic), as on a developer machine
+RUN apt-get update && apt-get install -y --no-install-recommends libmagic1 && rm -rf /var/lib/apt/lists/*
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/corpusync
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md prefect.yaml ./
 COPY requirements requirements
+COPY scripts scripts
 COPY corpusync corpusync
 COPY flows flows
 COPY tasks tasks
@@ -10,6 +18,5 @@ COPY schemas schemas
 COPY evaluation evaluation
 COPY query query
 COPY sql sql
-RUN pip install --no-cache-dir -c requirements/constraints.txt torch \
- && pip install --no-cache-dir -c requirements/constraints.txt -e .
+RUN bash scripts/install.sh --python python --extras eval --torch "$TORCH"
 ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 CORPUSYNC_CHECKOUT=/opt/corpusync

@@ -6,24 +6,27 @@ STAMP  := $(VENV)/.installed
 DEMO_HOME ?= .corpusync-demo
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# demo, gate, test and bench embed with the packaged MiniLM (the default embedder, bge-m3, needs its weights)
+export CORPUSYNC_EMBEDDER ?= minilm
 
 .PHONY: install demo gate test lint typecheck bench clean
 
 install: $(STAMP)
 
-# torch first and pinned (CPU build), or a dependency pulls a multi-GB CUDA build; then everything else
-# under the verified constraints (../shared/STACK.md).
-$(STAMP): pyproject.toml requirements/constraints.txt
+# scripts/install.sh, the Docker image's install too: torch first and pinned, the CPU build from PyTorch's
+# CPU index on a machine without a GPU (the default index's, with a message, when that index cannot be
+# reached; TORCH=cuda for the CUDA build), then everything else under the verified constraints.
+TORCH ?= auto
+$(STAMP): pyproject.toml requirements/constraints.txt scripts/install.sh
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[eval,dev]"
+	bash scripts/install.sh --python $(BIN)/python --extras eval,dev --torch $(TORCH)
 	touch $(STAMP)
 
 demo: install
 	CORPUSYNC_GOLDSETS='["examples/goldset.jsonl"]' $(BIN)/corpusync --home $(DEMO_HOME) refresh examples/sample-corpus
 	$(BIN)/corpusync --home $(DEMO_HOME) query "合同编号 HT2023-0876 的付款方式是什么？" -k 3
 	$(BIN)/corpusync --home $(DEMO_HOME) query "Which team won Super Bowl 50?" -k 3
+	$(BIN)/corpusync --home $(DEMO_HOME) query "扫除肌肤代谢物的最佳“清道夫”是什么养分？" -k 3
 	$(BIN)/corpusync --home $(DEMO_HOME) db status
 
 # The CI gate (.github/workflows/corpus-gate.yml) locally: index the corpus as it is at $(BASE), then

@@ -13,6 +13,7 @@ Usage: python bench/chunking.py [--limit 150] [--distractors 300] [--budget 128]
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 from evaluation.goldsets import export_corpus, load_goldset, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402

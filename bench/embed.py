@@ -11,6 +11,7 @@ Usage: python bench/embed.py [--chunks 1000] [--repeat 3] [--budget 16384]
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 import torch  # noqa: E402
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 import numpy as np  # noqa: E402
 from pgvector import HalfVector, SparseVector  # noqa: E402

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import re
 import statistics
 import sys
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 import pymupdf  # noqa: E402
 from rapidfuzz.distance import Levenshtein  # noqa: E402

@@ -15,6 +15,7 @@ the Python API and analysts both call), query embedding excluded (it is the same
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
+os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 from pgvector import HalfVector  # noqa: E402
 from psycopg import sql  # noqa: E402

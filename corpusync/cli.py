@@ -40,12 +40,18 @@ def _settings(**overrides: Any) -> Any:
 @app.callback()
 def _main(home: HomeOpt = None) -> None:
     apply_offline_defaults()
+    _quiet_libraries()
     _State.home = home
 
 
-def _fail(exc: CorpusyncError) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(exc.exit_code)
+def _quiet_libraries() -> None:
+    """Libraries that log INFO lines about themselves (great_expectations' temporary docs folder,
+    transformers, langdetect, jieba's dictionary) speak only on warnings."""
+    import logging
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("great_expectations", "transformers", "langdetect", "jieba", "unstructured", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class _Bar:
@@ -87,24 +93,30 @@ def refresh(
     """Bring the index in step with SOURCE and publish a new generation if anything changed."""
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from corpusync import progress
-    from flows.refresh import refresh as refresh_flow
+    from corpusync.fastpath import refresh_if_unchanged
 
     settings = _settings()
-    _quiet_expected_failures()
-    bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
-    try:
+    # nothing changed (most scheduled runs): recorded without a flow run, in well under a second of work
+    summary = None if reembed else refresh_if_unchanged(settings, source, allow_mass_delete=allow_mass_delete,
+                                                        skip_gate=skip_gate)
+    if summary is None:
+        from corpusync.prefect_local import start_ephemeral_api
+        from flows.refresh import refresh as refresh_flow
+
+        _quiet_expected_failures()
+        start_ephemeral_api()  # tied to this process: a SIGKILL cannot leave it running
+        bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
         with bar.progress, progress.use(bar):
             summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
                                    skip_gate=skip_gate, settings=settings)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    code = 1 if summary["status"] == "refused" else 0
     if as_json:
-        typer.echo(json.dumps(summary, ensure_ascii=False, indent=2))
+        reason = summary.get("message") or ("nothing changed" if summary["status"] == "no_changes" else "")
+        typer.echo(json.dumps({**summary, "reason": reason, "exit_code": code}, ensure_ascii=False, indent=2))
     else:
         _print_summary(summary)
-    if summary["status"] == "refused":
-        raise typer.Exit(1)
+    if code:
+        raise typer.Exit(code)
 
 
 class _ExpectedFailureFilter:
@@ -112,8 +124,10 @@ class _ExpectedFailureFilter:
     (gate failed, mass delete, model mismatch, ...); unexpected exceptions keep their tracebacks."""
 
     def filter(self, record: Any) -> bool:
+        from corpusync.errors import as_user_error
+
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, CorpusyncError):
+        if exc is not None and as_user_error(exc) is not None:  # also a lost database: one line, by main()
             return False
         return not any(f"{name}(" in str(record.getMessage()) or f"{name}:" in str(record.getMessage())
                        for name in _corpusync_error_names())
@@ -179,13 +193,9 @@ def query(
     """Search the published generation; every hit carries its citation (source, page, span, section)."""
     from query.search import search
 
-    try:
-        parsed = _parse_filters(filters or [])
-        hits = search(_settings(), text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
-                      filters=parsed, rerank=rerank)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    parsed = _parse_filters(filters or [])
+    hits = search(_settings(), text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
+                  filters=parsed, rerank=rerank)
     if as_json:
         typer.echo(json.dumps([h.as_dict() for h in hits], ensure_ascii=False, indent=2))
         return
@@ -271,15 +281,11 @@ def eval_cmd(
     from tasks.evaluate import evaluate_and_gate
 
     settings = _settings()
-    try:
-        with open_database(settings) as conn:
-            searcher = Searcher(settings, conn)
-            gen = generation if generation is not None else searcher.published_generation()
-            outcome = evaluate_and_gate(settings, conn, searcher, gen, specs=goldset or settings.goldsets,
-                                        gated=gate, max_questions=limit)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(settings) as conn:
+        searcher = Searcher(settings, conn)
+        gen = generation if generation is not None else searcher.published_generation()
+        outcome = evaluate_and_gate(settings, conn, searcher, gen, specs=goldset or settings.goldsets,
+                                    gated=gate, max_questions=limit)
     if parquet is not None:
         from corpusync.analytics import eval_parquet
 
@@ -314,13 +320,9 @@ def goldset_export(
     from evaluation.goldsets import export_corpus, load_goldset, sample_questions
 
     settings = _settings()
-    try:
-        gs = load_goldset(spec, settings.goldset_dirs)
-        subset = sample_questions(gs, limit) if limit else None
-        n = export_corpus(gs, folder, only_gold_of=subset, distractors=distractors)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    gs = load_goldset(spec, settings.goldset_dirs)
+    subset = sample_questions(gs, limit) if limit else None
+    n = export_corpus(gs, folder, only_gold_of=subset, distractors=distractors)
     typer.echo(f"wrote {n} passages of {gs.name} ({len(gs.questions)} questions) to {folder}")
 
 
@@ -347,20 +349,16 @@ def tune(
 
     settings = _settings()
     specs = goldset or settings.goldsets
-    try:
-        require_goldsets(specs)
-        sets = [sample_questions(load_goldset(s, settings.goldset_dirs), limit or settings.eval_max_questions)
-                for s in specs]
-        with open_database(settings) as conn:
-            searcher = Searcher(settings, conn)
-            gen = generation if generation is not None else searcher.published_generation()
+    require_goldsets(specs)
+    sets = [sample_questions(load_goldset(s, settings.goldset_dirs), limit or settings.eval_max_questions)
+            for s in specs]
+    with open_database(settings) as conn:
+        searcher = Searcher(settings, conn)
+        gen = generation if generation is not None else searcher.published_generation()
+        try:
             outcome = tune_fusion(settings, conn, searcher, sets, gen, folds=folds, store=not dry_run)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
-    except ValueError as exc:  # too few questions for the folds, no channel
-        _fail(CorpusyncError(f"cannot tune: {exc}"))
-        return
+        except ValueError as exc:  # too few questions for the folds, no channel
+            raise CorpusyncError(f"cannot tune: {exc}") from None
     typer.echo(json.dumps(outcome.as_dict(), ensure_ascii=False, indent=2) if as_json else describe(outcome))
 
 
@@ -370,12 +368,8 @@ def rollback() -> None:
     from corpusync.runtime import open_database
     from tasks.publish import rollback as do_rollback
 
-    try:
-        with open_database(_settings()) as conn:
-            before, after = do_rollback(conn)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(_settings()) as conn:
+        before, after = do_rollback(conn)
     typer.echo(f"rolled back: generation {after} is live again (was {before})")
 
 
@@ -386,15 +380,12 @@ def prune() -> None:
     from tasks.prune import prune as do_prune
 
     settings = _settings()
-    try:
-        with open_database(settings) as conn:
-            acquire_writer_lock(conn, settings.lock_timeout_s)
-            result = do_prune(conn, settings.retention_generations)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(settings) as conn:
+        acquire_writer_lock(conn, settings.lock_timeout_s)
+        result = do_prune(conn, settings.retention_generations, settings.vector_cache_ttl_h)
     typer.echo(f"pruned {result['versions']} versions ({result['chunks']} chunks) and "
-               f"{result['documents']} documents; oldest retained generation {result['oldest_retained']}")
+               f"{result['documents']} documents, {result.get('cached_vectors', 0)} cached vectors; oldest retained "
+               f"generation {result['oldest_retained']}")
 
 
 @db_app.command("status")
@@ -402,24 +393,23 @@ def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
     from corpusync import db
     from corpusync.runtime import open_database
+    from query.search import SERVABLE
 
     settings = _settings()
-    try:
-        loc = db.resolve_database(settings)
-        with open_database(settings) as conn:
-            pg = conn.execute("SHOW server_version").fetchone()
-            vec = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-            state = db.fetch_one(conn, "index_state") or {}
-            counts = db.fetch_one(conn, "db_counts") or {}
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    loc = db.resolve_database(settings)
+    with open_database(settings) as conn:
+        pg = conn.execute("SHOW server_version").fetchone()
+        vec = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        state = db.fetch_one(conn, "index_state") or {}
+        counts = db.fetch_one(conn, "db_counts") or {}
+        generations = db.fetch_all(conn, "generations_list")
     info = {
         "database": db.redact(loc.url), "embedded": loc.embedded,
         "data_directory": str(loc.pgdata) if loc.pgdata else None,
         "postgresql": pg[0] if pg else None, "pgvector": vec[0] if vec else None,
         "published_generation": state.get("published_generation"), "model": state.get("model_name"),
         "model_dimension": state.get("dimension"), "counts": counts,
+        "generations": [{**g, "searchable": g["status"] in SERVABLE} for g in generations],
     }
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
@@ -431,6 +421,10 @@ def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     typer.echo(f"published:   generation {info['published_generation']}"
                + (f", model {info['model']} ({info['model_dimension']}-d)" if info["model"] else ""))
     typer.echo("rows:        " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if generations:
+        typer.echo("generations: " + ", ".join(
+            f"{g['generation']} {g['status']}" + ("" if g["status"] in SERVABLE else " (not searchable)")
+            for g in generations))
 
 
 @db_app.command("url")
@@ -445,12 +439,8 @@ def db_url(
     from corpusync import db
 
     settings = _settings()
-    try:
-        loc = db.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
-        url = db.tcp_url(settings, reader) if reader is not None or tcp else db.with_search_path(loc.url)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    loc = db.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
+    url = db.tcp_url(settings, reader) if reader is not None or tcp else db.with_search_path(loc.url)
     typer.echo(url)
     if reader is not None or tcp:
         typer.echo("replace *** with the password (or drop ':***': libpq then asks, or reads PGPASSWORD or "
@@ -511,12 +501,8 @@ def export_cmd(
     from corpusync.analytics import export_parquet
     from corpusync.runtime import open_database
 
-    try:
-        with open_database(_settings()) as conn:
-            done = export_parquet(conn, path, generation=generation, vectors=vectors)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(_settings()) as conn:
+        done = export_parquet(conn, path, generation=generation, vectors=vectors)
     typer.echo(f"wrote {done['rows']} chunks of generation {done['generation']} to {done['path']}")
 
 
@@ -537,18 +523,14 @@ def db_grant_reader(
     from corpusync.runtime import open_database
 
     if password is not None and password_stdin:
-        _fail(CorpusyncError("give --password or --password-stdin, not both"))
+        raise CorpusyncError("give --password or --password-stdin, not both")
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     elif password is None and sys.stdin.isatty():
         password = typer.prompt(f"password for {name} (empty: keep the current one)", default="",
                                 hide_input=True, show_default=False) or None
-    try:
-        with open_database(_settings()) as conn:
-            grant = roles.grant_reader(conn, name, password, group or [])
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(_settings()) as conn:
+        grant = roles.grant_reader(conn, name, password, group or [])
     typer.echo(f"{'created' if grant.created else 'updated'} reader {grant.name}"
                + ("" if grant.password_set else " (password unchanged)")
                + f"; groups: {', '.join(grant.groups) or '(none: public documents only)'}")
@@ -560,30 +542,78 @@ def db_revoke_reader(name: Annotated[str, typer.Argument(help="The reader role t
     from corpusync import roles
     from corpusync.runtime import open_database
 
-    try:
-        with open_database(_settings()) as conn:
-            dropped = roles.revoke_reader(conn, name)
-    except CorpusyncError as exc:
-        _fail(exc)
-        return
+    with open_database(_settings()) as conn:
+        dropped = roles.revoke_reader(conn, name)
     typer.echo(f"dropped reader {name}" if dropped else f"no role {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every outcome maps to a documented exit code (corpusync.errors), and under --json
+    to exactly one JSON document on stdout. Errors are handled here, once, for every command."""
+    from corpusync.errors import EXIT_INTERRUPTED
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
         # standalone_mode=False: click returns a typer.Exit's code instead of raising it
-        rv = app(args=argv, standalone_mode=False)
-        if isinstance(rv, int):
-            return rv
-    except typer.Exit as exc:
-        return int(exc.exit_code or 0)
-    except SystemExit as exc:  # click exits this way for --help / usage errors
+        rv = app(args=args, standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except SystemExit as exc:  # click exits this way for --help
         return int(exc.code or 0)
-    except Exception as exc:
-        import click
+    except _click_classes("Abort"):
+        return EXIT_INTERRUPTED
+    except _click_classes("ClickException") as exc:  # usage errors
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        typer.secho("interrupted", fg=typer.colors.RED, err=True)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the one place every command's failure is reported
+        return _report_failure(exc, as_json="--json" in args)
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
-    return 0
+
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """click's exception class and the copy typer vendors (typer._click) that its commands raise."""
+    import importlib
+
+    found = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _report_failure(exc: Exception, *, as_json: bool) -> int:
+    """One line naming what failed (a traceback too when it is not an error corpusync knows); under --json
+    the same as a JSON document, with the run summary when a refresh got that far."""
+    import traceback
+
+    from corpusync.errors import EXIT_INTERNAL, as_user_error
+
+    known = as_user_error(exc)
+    if known is None:
+        traceback.print_exception(exc, file=sys.stderr)
+        code = EXIT_INTERNAL
+        reason = (f"internal error: {type(exc).__name__}: {exc}. This is a bug in corpusync (or an unexpected "
+                  "failure of its environment): the traceback is above; please report it.")
+    else:
+        code, reason = known.exit_code, str(known)
+    summary = getattr(exc, "summary", None)
+    if as_json:
+        doc = dict(summary) if isinstance(summary, dict) else {}
+        doc.update(status="refused" if code == 1 else "error", reason=reason, exit_code=code,
+                   error=type(known or exc).__name__)
+        typer.echo(json.dumps(doc, ensure_ascii=False, indent=2, default=str))
+    else:
+        typer.secho(("refused: " if code == 1 else "error: ") + reason, fg=typer.colors.RED, err=True)
+    return code
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

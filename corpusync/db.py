@@ -85,8 +85,8 @@ def parse_listen(value: str) -> ListenAddress:
 
 def resolve_database(settings: Settings, *, start: bool = True) -> DatabaseLocation:
     """Return the URL to use: DATABASE_URL if set, else the embedded server (started on demand)."""
-    if settings.database_url:
-        return DatabaseLocation(settings.database_url, embedded=False, pgdata=None)
+    if dsn := settings.database_dsn():
+        return DatabaseLocation(dsn, embedded=False, pgdata=None)
     pgdata = settings.pgdata.resolve()
     listen = parse_listen(settings.embedded_listen) if settings.embedded_listen else None
     if not start:
@@ -293,8 +293,8 @@ def tcp_url(settings: Settings, user: str | None = None) -> str:
 
     from psycopg.conninfo import conninfo_to_dict
 
-    if settings.database_url:
-        info = conninfo_to_dict(settings.database_url)
+    if dsn := settings.database_dsn():
+        info = conninfo_to_dict(dsn)
         host = str(info.get("host") or "localhost").split(",")[0]
         port = str(info.get("port") or "").split(",")[0]
         dbname = str(info.get("dbname") or info.get("user") or "postgres")

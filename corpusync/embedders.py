@@ -142,7 +142,11 @@ class FlagEmbedder:
         cache_dir: Path | None = None,
     ) -> None:
         if not model_dir.is_dir():
-            raise ConfigError(f"model directory {model_dir} does not exist")
+            raise ConfigError(f"model directory {model_dir} (CORPUSYNC_MODEL_PATH) does not exist")
+        if not (model_dir / "config.json").is_file():
+            raise ConfigError(f"model directory {model_dir} (CORPUSYNC_MODEL_PATH) has no config.json: not a model "
+                              f"folder (give the folder holding config.json and the weights, e.g. a local copy "
+                              f"of {name})")
         self.model_dir = model_dir
         self.kind = kind
         self._device_setting = device
@@ -361,7 +365,7 @@ def _build_embedder(embedder: str, model_path: Path | None, device: str, fp16: b
     if model_path is None:
         raise ConfigError(
             "embedder 'bge-m3' needs CORPUSYNC_MODEL_PATH: a local directory with BAAI/bge-m3 "
-            "(no hub access at run time)"
+            "(no hub access at run time); CORPUSYNC_EMBEDDER=minilm uses the packaged demo/test model instead"
         )
     return FlagEmbedder(
         model_path, name="BAAI/bge-m3", kind="bge-m3", pooling="cls", device=device, fp16=fp16,

@@ -31,6 +31,11 @@ class ParseError(CorpusyncError):
         super().__init__(f"{path}: {reason}: {detail}")
 
 
+class OcrError(CorpusyncError):
+    """The OCR engine itself failed on an image (a model that did not load or run); the parser quarantines
+    the document as 'ocr-error', a cause that can pass, not as a damaged file."""
+
+
 class QuarantinedDocument(CorpusyncError):
     """A document was set aside at some stage; the run goes on and its previous version stays live."""
 
@@ -66,3 +71,28 @@ class EvalGateFailed(CorpusyncError):
     """The candidate generation retrieves worse than the baseline beyond tolerance."""
 
     exit_code = 1
+
+
+# Exit codes (README): 0 success (also "nothing changed"), 1 refused, 2 error (configuration, input, database,
+# model), 3 writer busy, 4 internal error (a bug: never reported as a refusal), 130 interrupted.
+EXIT_REFUSED = 1
+EXIT_ERROR = 2
+EXIT_BUSY = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+
+
+def as_user_error(exc: BaseException) -> CorpusyncError | None:
+    """The error a user can act on that `exc` is (a lost database connection becomes a DatabaseError with a
+    one-line message); None for an unexpected exception, which is a bug and is reported as one."""
+    if isinstance(exc, CorpusyncError):
+        return exc
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return None
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return DatabaseError(f"the database connection failed: {first}. Check that PostgreSQL is running and "
+                             "reachable (`corpusync db status`); nothing was published by the failed step.")
+    return None

@@ -7,6 +7,7 @@ Heavy imports (onnxruntime, paddle) happen on first use, so the CLI starts fast.
 from __future__ import annotations
 
 import logging
+import re
 import statistics
 from dataclasses import dataclass, field
 from functools import cache
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from corpusync.errors import ConfigError
+from corpusync.errors import ConfigError, OcrError
 from corpusync.lexical import is_cjk
 
 
@@ -146,13 +147,30 @@ def _mostly_vertical(result: OcrResult) -> bool:
     return tall > 0.6 * len(boxes)
 
 
+_OUT_OF_MEMORY = re.compile(r"(?i)out of memory|bad_alloc|failed to allocate|cannot allocate")
+
+
+def _recognise(engine: OcrEngine, image: np.ndarray) -> OcrResult:
+    """engine.recognise with its failures typed: MemoryError when it ran out of memory (onnxruntime and paddle
+    raise RuntimeErrors for that), OcrError for anything else, so the parser can tell them from a bad file."""
+    try:
+        return engine.recognise(image)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        if _OUT_OF_MEMORY.search(str(exc)):
+            raise MemoryError(f"{engine.name} ran out of memory: {exc}") from exc
+        raise OcrError(f"{engine.name} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def recognise_page(engine: OcrEngine, image: np.ndarray) -> OcrResult:
     """OCR an image; when the recognised lines run mostly vertically (a page scanned sideways), also try it
-    turned 90 degrees both ways and keep the reading with the most confident text."""
-    best = engine.recognise(image)
+    turned 90 degrees both ways and keep the reading with the most confident text. Raises OcrError when the
+    engine fails, MemoryError when it runs out of memory."""
+    best = _recognise(engine, image)
     if _mostly_vertical(best) or (best.confidence < 0.6 and image.shape[0] < image.shape[1]):
         for k, degrees in ((1, 90), (3, 270)):
-            turned = engine.recognise(np.ascontiguousarray(np.rot90(image, k)))
+            turned = _recognise(engine, np.ascontiguousarray(np.rot90(image, k)))
             turned.rotation = degrees
             if turned.weight > best.weight * 1.2:
                 best = turned

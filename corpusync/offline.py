@@ -21,6 +21,8 @@ DEFAULTS = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "GX_ANALYTICS_ENABLED": "false",
+    # corpusync's own log records (quarantines, overrides, recoveries) reach the Prefect run's logs
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "corpusync",
 }
 
 

@@ -5,6 +5,7 @@ The flow (flows/refresh.py) only wires tasks; this is the state those tasks shar
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -23,6 +24,8 @@ from corpusync.embedders import FlagEmbedder, build_embedder
 from corpusync.errors import EvalGateFailed, MassDeleteRefused, ModelMismatch, WriterBusy
 from schemas.records import RunSummary
 from schemas.settings import Settings, config_hash
+
+log = logging.getLogger("corpusync.refresh")
 
 
 @cache
@@ -55,6 +58,7 @@ class RefreshContext:
     timings: dict[str, float] = field(default_factory=dict)
     model_id: int | None = None
     generation: int | None = None
+    evaluation_report: str = ""
 
     @cached_property
     def embedder(self) -> FlagEmbedder:
@@ -82,10 +86,14 @@ def open_database(settings: Settings, *, migrate: bool = True) -> psycopg.Connec
 def acquire_writer_lock(conn: psycopg.Connection, timeout_s: float) -> None:
     """Session-level advisory lock held for the whole refresh; released by PostgreSQL if we die."""
     deadline = time.monotonic() + timeout_s
+    waiting = False
     while True:
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", (db.WRITER_LOCK_KEY,)).fetchone()
         if got and got[0]:
             return
+        if not waiting and timeout_s > 0:
+            waiting = True
+            log.warning("another writer holds the lock of this index; waiting up to %.0f s for it", timeout_s)
         if time.monotonic() >= deadline:
             holder = conn.execute(
                 "SELECT id, started_at, hostname, pid FROM corpusync.runs WHERE status = 'running' "
@@ -93,9 +101,11 @@ def acquire_writer_lock(conn: psycopg.Connection, timeout_s: float) -> None:
             ).fetchone()
             who = (f" (run {holder[0]} started {holder[1]:%Y-%m-%d %H:%M:%S} on {holder[2]}, pid {holder[3]})"
                    if holder else "")
+            longer = f" longer than {timeout_s:g} s" if timeout_s > 0 else ""
             raise WriterBusy(
                 f"another refresh is writing to this index{who}; only one writer at a time. "
-                "Wait for it to finish, or set CORPUSYNC_LOCK_TIMEOUT_S to wait for the lock."
+                "Wait for it to finish, or set CORPUSYNC_LOCK_TIMEOUT_S (a deployment's lock_timeout_s parameter) "
+                f"to wait for the lock{longer}."
             )
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
 
@@ -140,17 +150,26 @@ def writer_session(
             allow_mass_delete=allow_mass_delete, reembed=reembed, skip_gate=skip_gate,
         )
         recovered = recover(conn, run_id)
-        if any(recovered.values()):
+        finished = recovered.pop("runs_finished_after_publish")
+        if finished:
+            log.warning("a previous run died after publishing, before recording its end; it is now recorded as "
+                        "published")
+        if recovered["runs_marked_crashed"]:  # a run died: say what was undone
             ctx.summary.message = "recovered from an interrupted run: " + ", ".join(
                 f"{k}={v}" for k, v in recovered.items() if v)
+        elif any(recovered.values()):  # routine: the rows of a refused or rolled-back candidate are let go
+            log.info("cleared unpublished generations' rows: %s",
+                     ", ".join(f"{k}={v}" for k, v in recovered.items() if v))
         try:
             yield ctx
-        except MassDeleteRefused as exc:
-            _finish(ctx, "refused", str(exc))
-            raise
         except Exception as exc:
-            status = "refused" if isinstance(exc, ModelMismatch | EvalGateFailed) else "failed"
-            _finish(ctx, status, f"{type(exc).__name__}: {exc}")
+            refused = isinstance(exc, MassDeleteRefused | ModelMismatch | EvalGateFailed)
+            try:
+                _finish(ctx, "refused" if refused else "failed",
+                        str(exc) if isinstance(exc, MassDeleteRefused) else f"{type(exc).__name__}: {exc}")
+            except psycopg.Error as lost:  # the database went away too: the next run records this one as crashed
+                log.warning("could not record the end of run %s: %s", ctx.run_id, lost)
+            exc.summary = ctx.summary.model_dump()  # type: ignore[attr-defined]  # the CLI's --json reports it
             raise
         else:
             _finish(ctx, ctx.summary.status, ctx.summary.message)
@@ -163,6 +182,7 @@ def _finish(ctx: RefreshContext, status: str, message: str) -> None:
     s.status = status
     s.message = message
     s.timings = dict(ctx.timings)
+    s.candidate_generation = ctx.generation
     if ctx.generation is not None and not s.published and status in {"failed", "refused"}:
         try:
             from tasks.publish import mark_generation

@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -332,36 +333,67 @@ def load_dureader(paths: list[Path], name: str) -> GoldSet:
     return _finish(name, paths[0], questions, passages)
 
 
+def resolve_goldset(spec: str | Path, search_dirs: Iterable[Path] = ()) -> Path:
+    """The path a gold-set spec names: the path itself, or a folder/file of that name under `search_dirs`."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    for d in search_dirs:
+        if (d / str(spec)).exists():
+            return d / str(spec)
+    where = ", ".join(str(d) for d in search_dirs) or "nowhere else"
+    raise ConfigError(f"gold set {spec!r} not found (looked at the path and under {where})")
+
+
+def goldset_name(path: Path) -> str:
+    """A gold set's readable name: its file's stem or its folder's name (what reports and JSON show)."""
+    return path.stem if path.is_file() else path.name
+
+
+def goldset_key(path: Path, name: str | None = None) -> str:
+    """A gold set's stable identity: its name plus the first 8 hex digits of the sha256 of its absolute,
+    normalised path (symlinks not resolved, so a deployment behind a moving symlink keeps its key). Two gold
+    sets named alike in different folders (a/gold.jsonl, b/gold.jsonl) get different keys."""
+    where = os.path.normpath(path.absolute()).replace(os.sep, "/")
+    return f"{name or goldset_name(path)}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
+def goldset_identity(spec: str | Path, search_dirs: Iterable[Path] = ()) -> tuple[str, str]:
+    """(name, key) of a spec without reading the gold set (ConfigError when it is not found)."""
+    path = resolve_goldset(spec, search_dirs)
+    return goldset_name(path), goldset_key(path)
+
+
 def load_goldset(spec: str | Path, search_dirs: Iterable[Path] = ()) -> GoldSet:
-    """Load a gold set from a path (file or folder), or by folder name under one of `search_dirs`.
+    """Load a gold set from a path (file or folder), or by folder name under one of `search_dirs`; its `key`
+    is `goldset_key` of that path.
 
     Format by shape: a folder with queries.jsonl -> BEIR; a folder with SQuAD-style *.json (CMRC) -> SQuAD
     (dev first, then trial); a folder with search.*.jsonl -> DuReader (dev first); a .jsonl file ->
     corpusync's own format; a .json file -> SQuAD.
     """
-    path = Path(spec)
-    if not path.exists():
-        for d in search_dirs:
-            if (d / str(spec)).exists():
-                path = d / str(spec)
-                break
-        else:
-            where = ", ".join(str(d) for d in search_dirs) or "nowhere else"
-            raise ConfigError(f"gold set {spec!r} not found (looked at the path and under {where})")
+    path = resolve_goldset(spec, search_dirs)
+    gs = _load(path)
+    gs.key = goldset_key(path, gs.name)
+    return gs
+
+
+def _load(path: Path) -> GoldSet:
+    name = goldset_name(path)
     if path.is_file():
         if path.suffix == ".jsonl":
             if re.match(r"search\..*\.jsonl$", path.name):
-                return load_dureader([path], path.stem)
-            return load_corpusync_jsonl(path)
-        return load_squad([path], path.stem)
+                return load_dureader([path], name)
+            return load_corpusync_jsonl(path, name)
+        return load_squad([path], name)
     if (path / "queries.jsonl").exists():
-        return load_beir(path)
+        return load_beir(path, name)
     squad = sorted(path.glob("*dev*.json")) + sorted(path.glob("*trial*.json"))
     if squad:
-        return load_squad(squad[:1], path.name)
+        return load_squad(squad[:1], name)
     dureader = sorted(path.glob("search.dev*.jsonl"))
     if dureader:
-        return load_dureader(dureader[:1], path.name)
+        return load_dureader(dureader[:1], name)
     raise ConfigError(f"gold set {path}: unrecognised layout (expected {FORMATS})")
 
 

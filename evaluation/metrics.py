@@ -23,14 +23,16 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-K_VALUES = (1, 5, 10, 20)
-METRICS = (*(f"recall@{k}" for k in K_VALUES), "mrr@10", "ndcg@10", "hit@10")
-LATENCY_METRICS = ("latency_ms_p50", "latency_ms_p95")
+from schemas.eval import GATED_METRICS, K_VALUES, LATENCY_METRICS
+from schemas.eval import RETRIEVAL_METRICS as METRICS
+
+__all__ = ["GATED_METRICS", "K_VALUES", "LATENCY_METRICS", "METRICS"]
 
 
 def is_quality_metric(metric: str) -> bool:
-    """Quality metrics are higher-is-better scores in 0..1 that a gate may judge; latency is not one."""
-    return not metric.startswith("latency")
+    """Quality metrics are higher-is-better scores in 0..1 that a gate may judge (retrieval metrics and the
+    offline RAGAS context metrics); latency is not one, nor is a name no evaluation computes."""
+    return metric in GATED_METRICS
 
 
 def first_relevant_rank(ranked: Sequence[int], relevant: set[int]) -> int | None:

@@ -6,6 +6,9 @@ evidence, or the relevant chunks' texts when the gold set has no evidence).
 With an OpenAI-compatible endpoint configured (settings.eval_llm_*): also LLM-judged context precision and
 recall against the reference answers, and faithfulness of an answer the LLM writes from the contexts.
 Metrics that cannot run are reported as skipped with the reason, never filled in.
+
+The non-LLM metrics are deterministic, so the gate judges them like retrieval metrics: `per_question` holds
+each sample's scores (a NaN score left out) for floors and the paired bootstrap against the baseline.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.eval import RAGAS_GATED_METRICS
 from schemas.settings import Settings
 
-NON_LLM = ("id_based_context_precision", "id_based_context_recall", "non_llm_context_precision_with_reference",
-           "non_llm_context_recall")
+NON_LLM = RAGAS_GATED_METRICS
 LLM = ("llm_context_precision_with_reference", "context_recall", "faithfulness")
 
 
@@ -38,7 +41,8 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
-def _non_llm(samples: Sequence[RagasSample]) -> dict[str, Any]:
+def _non_llm(samples: Sequence[RagasSample]) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """(mean per metric, each sample's scores) of the offline context metrics."""
     from ragas.dataset_schema import SingleTurnSample
     from ragas.metrics._context_precision import IDBasedContextPrecision, NonLLMContextPrecisionWithReference
     from ragas.metrics._context_recall import IDBasedContextRecall, NonLLMContextRecall
@@ -46,15 +50,18 @@ def _non_llm(samples: Sequence[RagasSample]) -> dict[str, Any]:
     metrics = [IDBasedContextPrecision(), IDBasedContextRecall(), NonLLMContextPrecisionWithReference(),
                NonLLMContextRecall()]
     scores: dict[str, list[float]] = {m.name: [] for m in metrics}
+    per_question: list[dict[str, float]] = []
     for s in samples:
         sample = SingleTurnSample(
             user_input=s.question, retrieved_contexts=s.retrieved_texts or [""],
             reference_contexts=s.reference_texts or [""], retrieved_context_ids=s.retrieved_ids or ["-"],
             reference_context_ids=s.reference_ids or ["-none-"],
         )
-        for m in metrics:
-            scores[m.name].append(float(m.single_turn_score(sample)))
-    return {name: _mean(v) for name, v in scores.items()}
+        mine = {m.name: float(m.single_turn_score(sample)) for m in metrics}
+        for name, v in mine.items():
+            scores[name].append(v)
+        per_question.append({name: v for name, v in mine.items() if math.isfinite(v)})
+    return {name: _mean(v) for name, v in scores.items()}, per_question
 
 
 async def _llm_async(samples: Sequence[RagasSample], settings: Settings) -> dict[str, Any]:
@@ -86,12 +93,14 @@ async def _llm_async(samples: Sequence[RagasSample], settings: Settings) -> dict
 
 
 def ragas_scores(samples: Sequence[RagasSample], settings: Settings) -> dict[str, Any]:
-    """{'metrics': {name: mean}, 'skipped': {name: reason}, 'n': questions scored}."""
-    out: dict[str, Any] = {"metrics": {}, "skipped": {}, "n": len(samples)}
+    """{'metrics': {name: mean}, 'skipped': {name: reason}, 'n': questions scored, 'per_question': [{name:
+    score} per sample, the non-LLM metrics]} ('per_question' is for the gate; the caller does not store it)."""
+    out: dict[str, Any] = {"metrics": {}, "skipped": {}, "n": len(samples), "per_question": []}
     if not samples:
         return out
     try:
-        out["metrics"].update(_non_llm(samples))
+        means, out["per_question"] = _non_llm(samples)
+        out["metrics"].update(means)
     except ImportError as exc:
         out["skipped"].update({m: f"ragas is not installed ({exc.name}); pip install corpusync[eval]"
                                for m in NON_LLM})

@@ -1,10 +1,15 @@
 """Evaluation reports: Markdown (per gold set: metrics and search latency per mode, the gate with deltas and
-intervals, the worst-regressed questions with what they retrieved) and a small SVG plot of metric history."""
+intervals, the worst-regressed questions with what they retrieved) and a small SVG plot of metric history.
+
+Reports quote gold questions and chunk text, so they are private: the folder is 0700 and every file 0600
+(`private_dir`, `write_private`), tightened when they already exist."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from evaluation.metrics import LATENCY_METRICS, METRICS
@@ -26,6 +31,33 @@ def _snip(text: str, n: int = 90) -> str:
 
 def _ms(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f}"
+
+
+def private_dir(path: Path, tighten: Sequence[str] = ()) -> Path:
+    """Create `path` (and parents) and make it 0700, also when it already existed with a looser mode; files
+    in it matching a `tighten` glob (reports written before they were private) are made 0600."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    for pattern in tighten:
+        for f in path.glob(pattern):
+            if f.is_file() and not f.is_symlink():
+                os.chmod(f, 0o600)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a UTF-8 file readable by its owner only: created 0600 (never readable by others, not even
+    briefly), and an existing file is tightened to 0600 before it is rewritten."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)  # the mode given to open() applies only to a file it creates
+        f.write(text)
+
+
+def _baseline(ev: Evaluation) -> str:
+    if not ev.baseline_id:
+        return ev.baseline_note or "none"
+    how = f"; {ev.baseline_note}" if ev.baseline_note else ""
+    return f"generation {ev.baseline_generation} (evaluation {ev.baseline_id}{how})"
 
 
 def describe_gold(q: GoldQuestion) -> str:
@@ -55,8 +87,9 @@ def markdown(ev: Evaluation, goldset: GoldSet, mode: str, *, baseline_questions:
     lines = [
         f"## Gold set `{ev.goldset}` on generation {ev.generation}: {verdict}",
         "",
-        f"{ev.n_questions} questions, gold set sha256 `{ev.goldset_sha256[:16]}`; baseline: "
-        + (f"generation {ev.baseline_generation} (evaluation {ev.baseline_id})" if ev.baseline_id else "none")
+        f"{ev.n_questions} questions"
+        + (f" (ad-hoc --limit {ev.question_limit}: never a gate baseline)" if ev.question_limit else "")
+        + f", gold set `{ev.goldset_key or ev.goldset}` sha256 `{ev.goldset_sha256[:16]}`; baseline: {_baseline(ev)}"
         + f". Questions with no relevant chunk in this generation: {ev.missing_questions}; "
         f"relevance by fallback (whole document, or gold pages without page numbers): {ev.fallback_questions}.",
         "",

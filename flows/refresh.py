@@ -1,8 +1,13 @@
 """The refresh flow: discover -> diff -> parse -> chunk -> embed -> validate -> load -> evaluate -> publish
 -> prune.
 
-Run it as `corpusync refresh PATH`, `python -m flows.refresh PATH`, or as a Prefect deployment
-(prefect.yaml).
+Run it as `corpusync refresh PATH`, `python -m flows.refresh PATH`, or as a Prefect deployment (prefect.yaml,
+README "Deployments"). Its parameters are public and typed (schemas/params.py); settings, secrets included,
+come from the environment of the process that runs it. An in-process caller (the CLI, tests) may hand over a
+Settings object, `refresh(path, settings=s)`: SettingsFlow takes it off the call before Prefect sees the
+parameters, so it is neither stored with the flow run nor advertised by a deployment.
+
+The pull step of every deployment (`enter_checkout`) and the flow base class are in flows/base.py.
 """
 
 from __future__ import annotations
@@ -15,35 +20,75 @@ from corpusync.offline import apply_offline_defaults
 
 apply_offline_defaults()
 
-from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
+from corpusync import pipeline  # noqa: E402
 from corpusync.runtime import writer_session  # noqa: E402
-from schemas.settings import Settings  # noqa: E402
-from tasks import prefect_tasks as t  # noqa: E402
+from flows import steps as t  # noqa: E402
+from flows.artifacts import publish_run_summary, tag_run  # noqa: E402
+from flows.base import flow_settings, settings_flow  # noqa: E402
+from schemas.params import (  # noqa: E402
+    Floors,
+    GoldSets,
+    LockTimeout,
+    Questions,
+    Source,
+    Tolerances,
+)
 
 
-@flow(name="corpusync-refresh", log_prints=False, validate_parameters=False)
+@settings_flow(name="corpusync-refresh", log_prints=False, persist_result=True, result_serializer="json")
 def refresh(
-    source: str,
+    source: Source,
     allow_mass_delete: bool = False,
     reembed: bool = False,
     skip_gate: bool = False,
-    settings: Settings | None = None,
+    goldsets: GoldSets = None,
+    gate_tolerances: Tolerances = None,
+    gate_floors: Floors = None,
+    eval_max_questions: Questions = None,
+    lock_timeout_s: LockTimeout = None,
 ) -> dict[str, Any]:
-    """Bring the index in step with the folder `source`; publish the new generation if anything changed."""
-    settings = settings or Settings()
-    with writer_session(settings, Path(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
-                        skip_gate=skip_gate, prefect_flow_run_id=flow_run.get_id()) as ctx:
-        found = t.discover(ctx)
-        plan = t.diff(ctx, found)
-        parsed = t.parse(ctx, plan)
-        chunked = t.chunk(ctx, parsed, plan)
-        embedded = t.validate(ctx, t.embed(ctx, chunked))
-        generation = t.load(ctx, embedded, plan)
-        t.evaluate(ctx, generation)
-        t.publish(ctx, generation)
-        t.prune(ctx)
+    """Bring the index in step with the folder `source`; publish the new generation if anything changed.
+
+    Args:
+        source: Folder of documents to index (absolute, or relative to the checkout the worker runs in).
+        allow_mass_delete: Publish even if the refresh removes more than CORPUSYNC_MAX_DELETE_FRACTION of the
+            live documents (an unmounted folder looks empty).
+        reembed: Embed every document again with the configured model.
+        skip_gate: Publish even if the evaluation gate finds a regression (recorded with the run).
+        goldsets: Gold sets evaluated before publishing (paths or names); unset: CORPUSYNC_GOLDSETS.
+        gate_tolerances: Tolerated drop per metric ('metric' or 'goldset:metric'); unset:
+            CORPUSYNC_GATE_TOLERANCES.
+        gate_floors: Absolute minimum per metric; unset: CORPUSYNC_GATE_FLOORS.
+        eval_max_questions: Evaluate at most this many questions per gold set; unset:
+            CORPUSYNC_EVAL_MAX_QUESTIONS.
+        lock_timeout_s: Seconds to wait for another refresh's writer lock before failing; unset:
+            CORPUSYNC_LOCK_TIMEOUT_S.
+    """
+    settings = flow_settings(goldsets=goldsets, gate_tolerances=gate_tolerances, gate_floors=gate_floors,
+                             eval_max_questions=eval_max_questions, lock_timeout_s=lock_timeout_s)
+    tag_run(["corpusync", f"source:{Path(source).name or source}",
+             *(f"goldset:{Path(g).stem}" for g in settings.goldsets)])
+    try:
+        with writer_session(settings, Path(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
+                            skip_gate=skip_gate, prefect_flow_run_id=flow_run.get_id()) as ctx:
+            found = t.discover(ctx)
+            plan = t.diff(ctx, found)
+            pipeline.warm_up(ctx, plan)  # tokenizer, torch, great_expectations load while parsing runs
+            parsed = t.parse(ctx, plan)
+            chunked = t.chunk(ctx, parsed, plan)
+            embedded = t.validate(ctx, t.embed(ctx, chunked))
+            generation = t.load(ctx, embedded, plan)
+            t.evaluate(ctx, generation)
+            t.publish(ctx, generation)
+            t.prune(ctx)
+    except Exception as exc:  # refused or failed: the summary still shows in Prefect
+        summary = getattr(exc, "summary", None)
+        if isinstance(summary, dict):
+            publish_run_summary(summary)
+        raise
+    publish_run_summary(ctx.summary.model_dump())
     return ctx.summary.model_dump()
 
 

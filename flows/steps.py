@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from corpusync import pipeline
 from corpusync.runtime import RefreshContext
+from flows.artifacts import publish_evaluation
 from schemas.records import ChunkedDocument, DiffPlan, EmbeddedDocument, ParsedDocument
 
 
@@ -52,9 +53,12 @@ def load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(ctx: RefreshContext, generation: int | None) -> None:
-    report = pipeline.step_evaluate(ctx, generation)
-    if report:
-        create_markdown_artifact(report, key="corpusync-evaluation", description="Gold-set evaluation and gate")
+    try:
+        pipeline.step_evaluate(ctx, generation)
+    finally:  # the report inline, also when the gate refused the candidate
+        if ctx.evaluation_report:
+            publish_evaluation(ctx.evaluation_report, refused=bool(ctx.summary.evaluation) and not all(
+                e.get("passed") is not False for e in ctx.summary.evaluation))
 
 
 @task(name="publish", cache_policy=NO_CACHE)

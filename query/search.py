@@ -68,13 +68,22 @@ class Hit:
         return f"{self.source}{pages} [{self.char_start}:{self.char_end}]"
 
 
-class Searcher:
-    """Holds a connection and the query embedder; checks the model matches the published index."""
+# Generations a search may be pinned to: published ones still retained. Expired generations are partly
+# pruned and discarded ones never passed validation or the gate; candidates only while being evaluated.
+SERVABLE = frozenset({"published", "superseded", "rolled_back", "refused"})
 
-    def __init__(self, settings: Settings, conn: psycopg.Connection, embedder: Embedder | None = None) -> None:
+
+class Searcher:
+    """Holds a connection and the query embedder; checks the model matches the index it searches.
+
+    `candidates`: also search unpublished candidate generations (the refresh's own evaluation and tuning)."""
+
+    def __init__(self, settings: Settings, conn: psycopg.Connection, embedder: Embedder | None = None,
+                 *, candidates: bool = False) -> None:
         self.settings = settings
         self.conn = conn
         self._embedder = embedder
+        self.candidates = candidates
         self._fusions: dict[tuple[int, int], Fusion] = {}
 
     @property
@@ -123,20 +132,28 @@ class Searcher:
         return int(self._index_model(generation)["model_id"])
 
     def _index_model(self, generation: int | None) -> dict[str, Any]:
+        """Generation, status and model a search reads: read once, so the query is embedded with the model
+        of the very generation it is answered from (a publish in between cannot mix models)."""
         state = db.fetch_one(self.conn, "index_state")
         assert state is not None
-        if generation is not None and generation != state["published_generation"]:
-            row = self.conn.execute(
-                "SELECT m.id, m.identity_hash, m.name, m.dimension FROM corpusync.generations g "
-                "JOIN corpusync.embedding_models m ON m.id = g.model_id WHERE g.generation = %s", (generation,)
-            ).fetchone()
-            if row is None:
-                raise CorpusyncError(f"generation {generation} does not exist")
-            return {"model_id": row[0], "identity_hash": row[1], "model_name": row[2], "dimension": row[3],
-                    "published_generation": generation}
-        if state["model_id"] is None:
-            raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
-        return state
+        if generation is None or generation == state["published_generation"]:
+            if state["model_id"] is None:
+                raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
+            return {**state, "status": "published"}
+        row = db.fetch_one(self.conn, "generation_model", {"generation": generation})
+        if row is None:
+            raise CorpusyncError(f"generation {generation} does not exist")
+        status = row["status"]
+        if status in SERVABLE or (status == "candidate" and self.candidates):
+            if status == "refused":
+                log.warning("generation %s was refused by the evaluation gate; it was never published", generation)
+            return row
+        why = {"expired": "it is outside the retention window and has been pruned (only part of it is left)",
+               "discarded": "it was discarded: its refresh did not finish, so it never passed validation or "
+                            "the gate",
+               "candidate": "it is an unpublished candidate still being built or evaluated"}.get(status, status)
+        raise CorpusyncError(f"generation {generation} cannot be searched: {why}. "
+                             "`corpusync db status` lists the generations that can.")
 
     def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
                query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
@@ -189,7 +206,8 @@ class Searcher:
         pool = pool or max(self.settings.candidate_pool, k, self.settings.rerank_candidates if rerank else 0)
         params = {
             "qtext": parsed.sql_text(), "qvec": qvec, "qsparse": qsparse,
-            "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)), "generation": generation,
+            "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)),
+            "generation": int(state["published_generation"]),  # pinned: the generation the model was read for
             "w_dense": w.get("dense", 1.0) if use["dense"] else 0.0,
             "w_lex": w.get("lexical", 1.0) if use["lexical"] else 0.0,
             "w_sparse": w.get("sparse", 1.0) if use["sparse"] else 0.0,

@@ -42,14 +42,24 @@ class LiveVersion:
 
 @dataclass(frozen=True, slots=True)
 class QuarantineRecord:
+    """A file set aside: the stage and reason code (tasks/diff.py TEMPORARY_REASONS says which can pass) and
+    the full error. status, attempts, since and retry_at are what the run summary adds from the history."""
+
     path: str
     stage: str
     reason: str
     error: str
     content_sha256: str | None = None
+    status: str = "quarantined"  # or "still quarantined": known from an earlier run, not tried again now
+    attempts: int = 1  # identical failures in a row (same content, pipeline, stage and reason)
+    since: datetime | None = None  # the first of them
+    retry_at: datetime | None = None  # when it is tried again (temporary causes); None: not until it changes
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "stage": self.stage, "reason": self.reason, "error": self.error}
+        return {"path": self.path, "stage": self.stage, "reason": self.reason, "error": self.error,
+                "status": self.status, "attempts": self.attempts,
+                "since": self.since.isoformat() if self.since else None,
+                "retry_at": self.retry_at.isoformat() if self.retry_at else None}
 
 
 @dataclass(slots=True)
@@ -62,6 +72,8 @@ class DiffPlan:
     deleted: list[LiveVersion] = field(default_factory=list)
     renamed: list[tuple[LiveVersion, SourceFile]] = field(default_factory=list)
     still_quarantined: list[QuarantineRecord] = field(default_factory=list)
+    # quarantined for a cause that can pass, back-off over: processed again (also listed in new/changed)
+    retrying: list[QuarantineRecord] = field(default_factory=list)
     live_before: int = 0
 
     @property
@@ -191,6 +203,8 @@ class RunSummary(BaseModel):
     generation: int = Field(description="The generation built (if any), else the one that stays live.")
     published: bool
     base_generation: int
+    candidate_generation: int | None = Field(
+        None, description="The candidate this run built (published, refused or discarded); None: nothing to build.")
     documents: DocumentCounts = Field(default_factory=DocumentCounts)
     chunks: ChunkCounts = Field(default_factory=ChunkCounts)
     quarantined: list[dict[str, Any]] = Field(default_factory=list)

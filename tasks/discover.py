@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -126,6 +127,11 @@ def discover(
             if problem := _bad_name(rel):
                 problems.append(problem)
                 continue
+            if abs_path.is_symlink() and _is_loop(abs_path):
+                problems.append(QuarantineRecord(rel, "discover", "symlink-loop",
+                                                 f"{rel} is a link that leads back to itself "
+                                                 f"({os.readlink(abs_path)}): not indexed"))
+                continue
             try:
                 if abs_path.is_symlink() and not abs_path.resolve().is_relative_to(real_root):
                     problems.append(QuarantineRecord(rel, "discover", "outside-source",
@@ -160,3 +166,16 @@ def discover(
                 on_file(1)
     files.sort(key=lambda f: f.path)
     return files, problems
+
+
+def _is_loop(link: Path) -> bool:
+    """A chain of links that never reaches a file (Path.resolve raises RuntimeError on 3.11, OSError ELOOP
+    on 3.13; stat fails with ELOOP either way)."""
+    try:
+        link.resolve(strict=False)
+        link.stat()
+    except RuntimeError:
+        return True
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False

@@ -81,11 +81,14 @@ def encode_texts(
     token_budget: int,
     stats: EmbedStats | None = None,
     on_batch: Callable[[int], None] | None = None,
+    on_vectors: Callable[[list[int], EmbeddingOutput], None] | None = None,
 ) -> EmbeddingOutput:
     """Embed texts in token-budgeted batches, halving a batch on out-of-memory. Output is in input order.
 
     When the embedder has several workers (one per visible GPU), each runs on its own thread and takes the
-    next batch from one shared queue, longest first, so the devices finish together."""
+    next batch from one shared queue, longest first, so the devices finish together. `on_vectors` gets each
+    finished batch (indices into texts, their vectors) at once, one call at a time, so a caller can make it
+    durable before the next; an exception it raises fails the call like the model's own."""
     stats = stats or EmbedStats()
     n = len(texts)
     dense = np.zeros((n, embedder.identity.dimension), dtype=np.float32)
@@ -101,7 +104,7 @@ def encode_texts(
         )
     get_workers = getattr(embedder, "workers", None)
     workers: list[Embedder] = get_workers() if callable(get_workers) else [embedder]
-    run = _Run(texts, lengths, token_budget_batches(lengths, token_budget), dense, stats, on_batch)
+    run = _Run(texts, lengths, token_budget_batches(lengths, token_budget), dense, stats, on_batch, on_vectors)
     if len(workers) == 1:
         run.work(workers[0])
     else:
@@ -119,9 +122,10 @@ class _Run:
     """The batches of one encode_texts call, shared by its workers (one per device)."""
 
     def __init__(self, texts: Sequence[str], lengths: Sequence[int], batches: list[list[int]], dense: np.ndarray,
-                 stats: EmbedStats, on_batch: Callable[[int], None] | None) -> None:
+                 stats: EmbedStats, on_batch: Callable[[int], None] | None,
+                 on_vectors: Callable[[list[int], EmbeddingOutput], None] | None = None) -> None:
         self.texts, self.lengths, self.pending, self.dense = texts, lengths, batches, dense
-        self.stats, self.on_batch = stats, on_batch
+        self.stats, self.on_batch, self.on_vectors = stats, on_batch, on_vectors
         self.sparse_parts: list[tuple[list[int], SparseRows]] = []  # (text indices, their rows), as completed
         self.lock = threading.Lock()
         self.error: BaseException | None = None
@@ -176,9 +180,12 @@ class _Run:
     def done(self, batch: list[int], out: EmbeddingOutput, embedder: Embedder) -> None:
         self.dense[batch] = out.dense  # rows of different batches never overlap: no lock needed
         with self.lock:
+            rows = None
             if embedder.identity.sparse_trained:
                 rows = out.sparse if out.sparse is not None else SparseRows.empty(len(batch))
                 self.sparse_parts.append((batch, rows))
+            if self.on_vectors:  # under the lock: one write at a time, whatever the number of devices
+                self.on_vectors(batch, EmbeddingOutput(np.asarray(out.dense, np.float32), rows))
             st = self.stats
             st.batches += 1
             st.batch_sizes.append(len(batch))
@@ -216,6 +223,14 @@ def _in_input_order(parts: list[tuple[list[int], SparseRows]], n: int) -> Sparse
     return SparseRows.concat([rows for _, rows in parts]).take(where)
 
 
+def _by_hash(keys: list[str], on_vectors: Callable[[list[str], EmbeddingOutput], None],
+             ) -> Callable[[list[int], EmbeddingOutput], None]:
+    """A batch callback by text index turned into one by model-input hash."""
+    def call(batch: list[int], vectors: EmbeddingOutput) -> None:
+        on_vectors([keys[i] for i in batch], vectors)
+    return call
+
+
 def embed_documents(
     docs: Sequence[ChunkedDocument],
     embedder: Embedder,
@@ -223,6 +238,7 @@ def embed_documents(
     token_budget: int,
     on_batch: Callable[[int], None] | None = None,
     segment: Callable[[Sequence[str]], Sequence[tuple[str, Sequence[str]]]] | None = None,
+    on_vectors: Callable[[list[str], EmbeddingOutput], None] | None = None,
 ) -> tuple[list[EmbeddedDocument], EmbedStats]:
     """Vectors for every chunk of docs, one Arrow record batch per document. `stored` holds vectors already
     in the index for this model identity, keyed by the hash of the model input: those are copied, not
@@ -230,7 +246,10 @@ def embed_documents(
 
     `segment` (texts -> (normalised text, tokens) each, e.g. lexical.Analyzer.index_texts) runs on a thread
     while the model embeds, so the CPU-bound segmentation overlaps the device; its result becomes the
-    lexical columns (search text, terms, term frequencies)."""
+    lexical columns (search text, terms, term frequencies).
+
+    `on_vectors` (model-input hashes, their vectors) is called as soon as each batch is embedded, so the
+    caller can keep it (the vector cache) before the run goes on: work a crash would lose is one batch."""
     stats = EmbedStats()
     todo: dict[str, str] = {}  # model-input hash -> model input, first occurrence order
     distinct: dict[str, str] = {}  # every model input of this batch (for segmentation)
@@ -245,7 +264,8 @@ def embed_documents(
                 todo[c.text_sha256] = c.model_text
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment") as pool:
         segmented = pool.submit(segment, list(distinct.values())) if segment is not None else None
-        out = encode_texts(embedder, list(todo.values()), token_budget, stats, on_batch)
+        out = encode_texts(embedder, list(todo.values()), token_budget, stats, on_batch,
+                           _by_hash(list(todo), on_vectors) if on_vectors is not None else None)
         lexical = LexicalRows.from_tokens(segmented.result()) if segmented is not None else None
     stats.embedded = len(todo)
     fresh = VectorTable({h: i for i, h in enumerate(todo)}, out.dense, out.sparse)

@@ -6,8 +6,14 @@ generation from PostgreSQL, runs the queries, and stores evaluations (aggregate 
 Modes: `eval_modes` (plus the gate's mode). With a reranker configured (`reranker_path`) and `eval_modes` left
 at its default, `hybrid+rerank` (hybrid search, its fused candidates re-ordered by the cross-encoder) is
 evaluated too; without one it is skipped with a note, and asking for it explicitly is a ConfigError.
-Per mode, the search latency of the questions (p50/p95 in ms, query embeddings computed beforehand in one
-batch, after one untimed warm-up query) is stored beside the quality metrics and never gated.
+Per mode, the search latency of the questions (p50/p95 in ms, after one untimed warm-up query) is stored beside
+the quality metrics and never gated. Query embeddings are computed beforehand in batches bounded by
+`embed_batch_tokens` and halved on out-of-memory, as a refresh embeds chunks (`embed_questions`).
+
+Baseline: an evaluation of the same gold set (its stable key) and the same question set (content hash and
+question ids; never an ad-hoc `eval --limit` run) with every tolerance-gated metric per question. When the
+baseline generation has none stored, it is evaluated now, and the report and summary say so and why.
+Reports are written private (folder 0700, files 0600): they quote questions and chunk text.
 """
 
 from __future__ import annotations
@@ -15,23 +21,26 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
 
 from corpusync import db
-from corpusync.errors import ConfigError
+from corpusync.embedders import Embedder, EmbeddingOutput
+from corpusync.errors import ConfigError, ModelMismatch
 from evaluation import relevance as rel
-from evaluation.gate import gate_checks
-from evaluation.metrics import aggregate, first_relevant_rank, is_quality_metric, latency_summary, question_scores
+from evaluation.gate import baseline_mismatch, check_threshold_goldsets, gate_checks, gated_metrics, ignored_thresholds
+from evaluation.metrics import aggregate, first_relevant_rank, latency_summary, question_scores
 from evaluation.ragas_eval import RagasSample, ragas_scores
 from query.search import MODES, Searcher
-from schemas.eval import Evaluation, GoldSet, QuestionResult
+from schemas.eval import Evaluation, GateOutcome, GoldSet, QuestionResult
 from schemas.settings import Settings
 
 K_RETRIEVE = 20
 RERANK_MODE = "hybrid+rerank"
+__all__ = ["GateOutcome", "evaluate_and_gate", "evaluate_generation"]
 
 
 @dataclass
@@ -39,6 +48,7 @@ class Baseline:
     id: int
     generation: int
     rows: dict[str, dict[str, Any]]  # question id -> {"scores": {...}, "retrieved": [chunk ids]}
+    computed: bool = False  # evaluated now: no stored evaluation of the same question set
 
     @property
     def per_question(self) -> dict[str, dict[str, float]]:
@@ -72,6 +82,40 @@ def modes_for(settings: Settings) -> list[str]:
     return plan_modes(settings)[0]
 
 
+class _Truncating:
+    """An embedder whose token counts stop at the model's window: a longer question is truncated when it is
+    embedded (as a search truncates it), so it must not trip the check that guards chunks."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self._inner = inner
+        self.identity = inner.identity
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [min(n, self.identity.max_tokens) for n in self._inner.count_tokens(texts)]
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return self._inner.token_offsets(text)
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+        return self._inner.embed(texts)
+
+    def __getattr__(self, name: str) -> Any:  # workers, prepare, forward, device: the model's own
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def embed_questions(embedder: Any, texts: Sequence[str], token_budget: int) -> Any:
+    """Dense vectors of `texts` in input order, embedded in length-sorted batches of at most `token_budget`
+    padded tokens, a batch halved on out-of-memory (tasks.embed.encode_texts, the refresh's own batching).
+    An object without a tokenizer (not an Embedder) cannot be budgeted: one call."""
+    if not isinstance(embedder, Embedder):
+        return embedder.embed(list(texts)).dense
+    from tasks.embed import encode_texts
+
+    return encode_texts(_Truncating(embedder), texts, token_budget).dense
+
+
 def _search(searcher: Searcher, text: str, mode: str, generation: int, vector: Any) -> list[Any]:
     if mode == RERANK_MODE:
         return searcher.search(text, k=K_RETRIEVE, mode="hybrid", generation=generation, query_vector=vector,
@@ -99,8 +143,9 @@ def evaluate_generation(settings: Settings, conn: psycopg.Connection, searcher: 
     modes, notes = plan_modes(settings)
     docs, by_path = _chunks_of_gold(conn, goldset, generation)
     questions = goldset.questions
-    needs_dense = any(m != "lexical" for m in modes)
-    vectors: Any = searcher.embedder.embed([q.question for q in questions]).dense if needs_dense else None
+    needs_dense = any(m != "lexical" for m in modes) and bool(questions)
+    vectors: Any = (embed_questions(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens)
+                    if needs_dense else None)
     results: list[QuestionResult] = []
     metrics: dict[str, dict[str, float]] = {}
     samples: list[RagasSample] = []
@@ -137,8 +182,14 @@ def evaluate_generation(settings: Settings, conn: psycopg.Connection, searcher: 
                 ))
         metrics[mode] = aggregate(per_q) | latency_summary(seconds)
     ragas = ragas_scores(samples, settings)
+    ragas_per_question = ragas.pop("per_question", None) or []
+    if ragas_per_question:  # the gate judges RAGAS context metrics per question, like retrieval metrics
+        gated = [r for r in results if r.mode == settings.gate_mode]
+        for res, extra in zip(gated, ragas_per_question, strict=True):
+            res.scores = {**res.scores, **extra}
     return Evaluation(
-        goldset=goldset.name, goldset_sha256=goldset.sha256, generation=generation, model_id=model_id,
+        goldset=goldset.name, goldset_key=goldset.key, goldset_source=goldset.source,
+        goldset_sha256=goldset.sha256, generation=generation, model_id=model_id,
         n_questions=len(questions), modes=modes, metrics=metrics, ragas=ragas, questions=results,
         fallback_questions=fallback, missing_questions=missing, notes=notes,
     )
@@ -148,32 +199,80 @@ def per_question(ev: Evaluation, mode: str) -> dict[str, dict[str, float]]:
     return {q.question_id: q.scores for q in ev.questions if q.mode == mode}
 
 
-def find_baseline(conn: psycopg.Connection, goldset: str, generation: int, mode: str, *,
-                  earlier: bool = False) -> Baseline | None:
-    """The stored evaluation of `generation` (or, with earlier=True, of the last published generation
-    before it) for this gold set, with its per-question scores in `mode`."""
-    row = db.fetch_one(conn, "find_previous_published_evaluation" if earlier else "find_evaluation",
-                       {"goldset": goldset, "generation": generation, "mode": mode})
-    if row is None:
-        return None
-    qs = db.fetch_all(conn, "evaluation_questions", {"evaluation_id": row["id"], "mode": mode})
-    return Baseline(int(row["id"]), int(row["generation"]), {r["question_id"]: r for r in qs})
+def _question_rows(conn: psycopg.Connection, evaluation_id: int, mode: str) -> dict[str, dict[str, Any]]:
+    rows = db.fetch_all(conn, "evaluation_questions", {"evaluation_id": evaluation_id, "mode": mode})
+    return {r["question_id"]: r for r in rows}
 
 
-def gate(settings: Settings, ev: Evaluation, baseline: Baseline | None) -> None:
-    """Fill ev.checks / ev.passed from the configured floors and tolerances."""
+def find_baseline(conn: psycopg.Connection, goldset: GoldSet, generation: int, mode: str,
+                  needed: Sequence[str] = ()) -> tuple[Baseline | None, str]:
+    """The newest stored evaluation of `generation` that can be the baseline of `goldset` (see
+    evaluation.gate.baseline_mismatch), or None and why the newest stored one cannot ('' when none is)."""
+    ids = [q.id for q in goldset.questions]
+    loaded: dict[int, dict[str, dict[str, Any]]] = {}
+
+    def scores(eid: int) -> dict[str, dict[str, float]]:
+        loaded[eid] = _question_rows(conn, eid, mode)
+        return {qid: r["scores"] for qid, r in loaded[eid].items()}
+
+    first_reason = ""
+    for row in db.fetch_all(conn, "goldset_evaluations", {"goldset_key": goldset.key, "goldset": goldset.name,
+                                                           "generation": generation, "mode": mode}):
+        eid = int(row["id"])
+        reason = baseline_mismatch(row, goldset.sha256, ids, partial(scores, eid), needed)
+        if reason is None:
+            return Baseline(eid, int(row["generation"]), loaded[eid]), ""
+        first_reason = first_reason or reason
+    return None, first_reason
+
+
+def resolve_baseline(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
+                     generation: int, *, baseline_generation: int | None, run_id: int | None,
+                     config: dict[str, Any], question_limit: int | None) -> tuple[Baseline | None, str]:
+    """The baseline for `generation` and how it was chosen. Its generation: `baseline_generation` (the live
+    one, for a refresh) or the newest earlier generation that was published. A stored evaluation of the same
+    question set is used; otherwise that generation is evaluated now and stored (unless its rows are pruned,
+    or it was built with another embedding model: then there is none, and the note says why)."""
+    mode = settings.gate_mode
+    if baseline_generation:
+        target, status, searchable = baseline_generation, "published", True
+    else:
+        row = db.fetch_one(conn, "previous_published_generation", {"generation": generation})
+        if row is None:
+            return None, "none: no earlier generation was published"
+        target, status, searchable = int(row["generation"]), str(row["status"]), bool(row["searchable"])
+    needed = gated_metrics((settings.gate_tolerances,), {goldset.name, goldset.key})
+    stored, why = find_baseline(conn, goldset, target, mode, needed)
+    if stored is not None:
+        return stored, ""
+    why = why or f"generation {target} has no stored evaluation of this gold set"
+    if not searchable:
+        return None, f"none: {why}, and generation {target} can no longer be searched ({status})"
+    try:
+        base = evaluate_generation(settings, conn, searcher, goldset, target, model_id=searcher.index_model_id(target))
+    except ModelMismatch:  # a deliberate model switch: the old index cannot be queried with the new model
+        return None, f"none: {why}, and generation {target} was built with another embedding model"
+    base.question_limit = question_limit
+    store_evaluation(conn, base, run_id, config)
+    assert base.id is not None
+    rows = {q.question_id: {"scores": q.scores, "retrieved": q.retrieved} for q in base.questions if q.mode == mode}
+    return Baseline(base.id, target, rows, computed=True), f"evaluated now: {why}"
+
+
+def gate(settings: Settings, ev: Evaluation, baseline: Baseline | None, note: str = "") -> None:
+    """Fill ev.checks / ev.passed from the configured floors and tolerances, and how the baseline was found."""
     mode = settings.gate_mode
     ev.checks = gate_checks(
         ev.goldset, mode, per_question(ev, mode), baseline.per_question if baseline else None,
-        tolerances=settings.gate_tolerances, floors=settings.gate_floors,
+        tolerances=settings.gate_tolerances, floors=settings.gate_floors, key=ev.goldset_key or None,
         samples=settings.gate_bootstrap_samples, confidence=settings.gate_confidence,
     )
     ev.baseline_id = baseline.id if baseline else None
     ev.baseline_generation = baseline.generation if baseline else None
+    ev.baseline_computed = bool(baseline and baseline.computed)
+    ev.baseline_note = note
     ev.passed = all(c.passed for c in ev.checks)
-    ignored = sorted({k for k in [*settings.gate_tolerances, *settings.gate_floors]
-                      if not is_quality_metric(k.split(":")[-1])
-                      and (":" not in k or k.split(":", 1)[0] == ev.goldset)})
+    ignored = ignored_thresholds((settings.gate_tolerances, settings.gate_floors), {ev.goldset, ev.goldset_key})
     if ignored:
         ev.notes.append(f"gate: {', '.join(ignored)} ignored (latency is reported, not gated)")
 
@@ -184,9 +283,11 @@ def store_evaluation(conn: psycopg.Connection, ev: Evaluation, run_id: int | Non
     if ev.notes:
         config = config | {"notes": ev.notes}
     with conn.transaction():
-        row = db.fetch_one(conn, "insert_evaluation", {
+        row = db.fetch_one(conn, "insert_keyed_evaluation", {
             "run_id": run_id, "generation": ev.generation, "model_id": ev.model_id, "goldset": ev.goldset,
-            "goldset_sha256": ev.goldset_sha256, "n_questions": ev.n_questions, "modes": ev.modes,
+            "goldset_key": ev.goldset_key or ev.goldset, "goldset_source": ev.goldset_source or None,
+            "goldset_sha256": ev.goldset_sha256, "n_questions": ev.n_questions, "question_limit": ev.question_limit,
+            "modes": ev.modes,
             "metrics": db.as_json(ev.metrics), "ragas": db.as_json(ev.ragas), "config": db.as_json(config),
             "baseline_id": ev.baseline_id,
             "gate": db.as_json([c.model_dump() for c in ev.checks]) if gated else None,
@@ -217,35 +318,6 @@ def require_goldsets(specs: Sequence[str]) -> None:
                           '(a JSON list, e.g. \'["examples/goldset.jsonl"]\')')
 
 
-@dataclass
-class GateOutcome:
-    evaluations: list[Evaluation]
-    report: str                                         # every gold set's section, for the Prefect artifact
-    sections: list[str] = field(default_factory=list)   # one Markdown section per evaluation (same order)
-
-    @property
-    def report_path(self) -> str | None:
-        """The report files written (one per gold set), comma separated; None if none could be written."""
-        paths = [e.report_path for e in self.evaluations if e.report_path]
-        return ", ".join(paths) if paths else None
-
-    @property
-    def passed(self) -> bool:
-        return all(e.passed is not False for e in self.evaluations)
-
-    def failures(self) -> list[str]:
-        return [f"{c.goldset} {c.mode} {c.metric}: {c.reason}" for e in self.evaluations for c in e.checks
-                if not c.passed]
-
-    def summary(self) -> list[dict[str, Any]]:
-        return [{"goldset": e.goldset, "generation": e.generation, "evaluation_id": e.id, "passed": e.passed,
-                 "overridden": e.overridden, "baseline_generation": e.baseline_generation,
-                 "n_questions": e.n_questions, "fallback_questions": e.fallback_questions,
-                 "missing_questions": e.missing_questions, "modes": e.modes,
-                 "metrics": e.metrics, "ragas": e.ragas.get("metrics", {}), "report": e.report_path,
-                 "notes": e.notes, "checks": [c.model_dump() for c in e.checks]} for e in self.evaluations]
-
-
 def evaluate_and_gate(
     settings: Settings,
     conn: psycopg.Connection,
@@ -261,42 +333,39 @@ def evaluate_and_gate(
 ) -> GateOutcome:
     """Evaluate `generation` on each gold set, gate it, store everything and write the report.
 
-    Baseline: the evaluation of `baseline_generation` (the published one, for a refresh; evaluated now if
-    it never was), or, when None, the last published generation before `generation` that has one.
+    Thresholds and gold sets are checked, and every gold set loaded, before anything is evaluated. Baseline:
+    see `resolve_baseline` (for a refresh, `baseline_generation` is the published generation). A
+    `max_questions` that leaves out questions the gate evaluates (settings.eval_max_questions) makes an ad-hoc
+    evaluation, recorded as such and never a baseline.
     """
-    from corpusync.errors import ModelMismatch
     from evaluation.goldsets import load_goldset, sample_questions
 
     require_goldsets(specs)
+    check_threshold_goldsets(settings.gate_tolerances, settings.gate_floors, specs, settings.goldsets,
+                             settings.goldset_dirs)
+    sets = []
+    for spec in specs:
+        full = load_goldset(spec, settings.goldset_dirs)
+        gs = sample_questions(full, max_questions or settings.eval_max_questions)
+        adhoc = gs.sha256 != sample_questions(full, settings.eval_max_questions).sha256
+        sets.append((gs, max_questions if adhoc else None))
     config = settings.gate_config() | {"reranker_path": str(settings.reranker_path) if settings.reranker_path
                                        else None}
     mode = settings.gate_mode
     evaluations: list[Evaluation] = []
     parts: list[str] = []
-    for spec in specs:
-        gs = sample_questions(load_goldset(spec, settings.goldset_dirs),
-                              max_questions or settings.eval_max_questions)
+    for gs, limit in sets:
         baseline: Baseline | None = None
-        if gated and baseline_generation:
-            baseline = find_baseline(conn, gs.name, baseline_generation, mode)
-            if baseline is None:
-                # The live generation was never evaluated (the gate was configured after it was published).
-                try:
-                    base_ev = evaluate_generation(settings, conn, searcher, gs, baseline_generation)
-                except ModelMismatch:
-                    base_ev = None  # a deliberate model switch: the old index cannot be queried with the new model
-                if base_ev is not None:
-                    store_evaluation(conn, base_ev, run_id, config)
-                    assert base_ev.id is not None
-                    baseline = Baseline(base_ev.id, baseline_generation,
-                                        {q.question_id: {"scores": q.scores, "retrieved": q.retrieved}
-                                         for q in base_ev.questions if q.mode == mode})
-        elif gated:
-            baseline = find_baseline(conn, gs.name, generation, mode, earlier=True)
+        note = ""
+        if gated:
+            baseline, note = resolve_baseline(settings, conn, searcher, gs, generation,
+                                              baseline_generation=baseline_generation, run_id=run_id,
+                                              config=config, question_limit=limit)
         ev = evaluate_generation(settings, conn, searcher, gs, generation,
                                  model_id=searcher.index_model_id(generation))
+        ev.question_limit = limit
         if gated:
-            gate(settings, ev, baseline)
+            gate(settings, ev, baseline, note)
             ev.overridden = bool(override and ev.passed is False)
         store_evaluation(conn, ev, run_id, config)
         evaluations.append(ev)
@@ -315,29 +384,33 @@ def _report_part(conn: psycopg.Connection, ev: Evaluation, gs: GoldSet, mode: st
 REPORT_TITLE = "# corpusync evaluation\n\n"
 
 
-def report_filename(generation: int, ev: Evaluation) -> str:
-    """reports/eval-g<generation>-<gold set>-e<evaluation id>.md: one file per gold set and evaluation."""
+def _safe(name: str) -> str:
     from evaluation.goldsets import passage_filename
 
-    return f"eval-g{generation}-{passage_filename(ev.goldset).removesuffix('.txt')}-e{ev.id}.md"
+    return passage_filename(name).removesuffix(".txt")
+
+
+def report_filename(generation: int, ev: Evaluation) -> str:
+    """reports/eval-g<generation>-<gold set>-e<evaluation id>.md: one file per gold set and evaluation."""
+    return f"eval-g{generation}-{_safe(ev.goldset)}-e{ev.id}.md"
 
 
 def _write_reports(settings: Settings, conn: psycopg.Connection, generation: int, parts: Sequence[str],
                    evaluations: Sequence[Evaluation]) -> None:
     """One report per gold set (report_filename), its path stored with its evaluation, and
-    reports/history-<goldset>.svg per gold set."""
-    from evaluation.goldsets import passage_filename
-    from evaluation.report import history_svg
+    reports/history-<gold set key>.svg per gold set; the folder 0700 and every file 0600."""
+    from evaluation.report import history_svg, private_dir, write_private
 
-    out = settings.reports_dir
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out = private_dir(settings.reports_dir, tighten=("eval-*.md", "history-*.svg"))
         for ev, part in zip(evaluations, parts, strict=True):
             path = out / report_filename(generation, ev)
-            path.write_text(REPORT_TITLE + part, encoding="utf-8")
+            write_private(path, REPORT_TITLE + part)
             set_report_path(conn, ev, str(path))
-            points = db.fetch_all(conn, "eval_history", {"goldset": ev.goldset, "mode": settings.gate_mode})
-            svg = history_svg(points, f"{ev.goldset} ({settings.gate_mode}): history")
-            (out / ("history-" + passage_filename(ev.goldset).removesuffix(".txt") + ".svg")).write_text(svg)
+            key = ev.goldset_key or ev.goldset
+            points = db.fetch_all(conn, "goldset_history", {"goldset_key": key, "goldset": ev.goldset,
+                                                            "mode": settings.gate_mode})
+            svg = history_svg(points, f"{key} ({settings.gate_mode}): history")
+            write_private(out / f"history-{_safe(key)}.svg", svg)
     except OSError:
         return  # reports are a convenience; the results are in the database either way

@@ -31,6 +31,7 @@ from corpusync.vectors import (
     matrix_of,
 )
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
+from tasks.diff import QuarantineState, counts_as_attempt
 from tasks.discover import access_of
 
 
@@ -42,8 +43,10 @@ def recover(conn: psycopg.Connection, run_id: int) -> dict[str, int]:
         dropped = db.execute(conn, "discard_unpublished_versions", params)
         reopened = db.execute(conn, "reopen_unpublished_retirements", params)
         db.execute(conn, "discard_unpublished_generations", params)
-        crashed = db.execute(conn, "mark_crashed_runs", params)
-    return {"versions_discarded": dropped, "versions_reopened": reopened, "runs_marked_crashed": crashed}
+        ended = [r["status"] for r in db.fetch_all(conn, "mark_crashed_runs", params)]
+    # a run that died after its publish committed is recorded as published: nothing of it was undone
+    return {"versions_discarded": dropped, "versions_reopened": reopened,
+            "runs_marked_crashed": ended.count("crashed"), "runs_finished_after_publish": ended.count("published")}
 
 
 def register_model(conn: psycopg.Connection, identity: ModelIdentity) -> int:
@@ -81,14 +84,19 @@ def live_versions(conn: psycopg.Connection, generation: int) -> list[LiveVersion
     return [LiveVersion(**r) for r in db.fetch_all(conn, "live_versions", {"generation": generation})]
 
 
-def latest_quarantine(conn: psycopg.Connection) -> dict[str, tuple[str, str]]:
-    return {r["path"]: (r["content_sha256"], r["pipeline_fingerprint"])
-            for r in db.fetch_all(conn, "latest_quarantine")}
+def latest_quarantine(conn: psycopg.Connection, paths: Sequence[str] | None = None) -> dict[str, QuarantineState]:
+    """Each path's latest quarantine record with the streak of identical failures it ends (all paths, or
+    those given): what the diff skips and the retry back-off is computed from."""
+    params = {"paths": list(paths) if paths is not None else None}
+    return {r["path"]: QuarantineState(r["content_sha256"], r["pipeline_fingerprint"], r["stage"], r["reason"],
+                                       r["error"], r["attempts"], r["since"], r["last_at"])
+            for r in db.fetch_all(conn, "latest_quarantine", params)}
 
 
 def stored_vectors(conn: psycopg.Connection, model_id: int, hashes: Iterable[str], *, dimension: int,
                    sparse: bool) -> VectorTable:
-    """Vectors already in the index for these chunk texts (any retained version), keyed by text hash."""
+    """Vectors already computed for these chunk texts, keyed by text hash: in the index (any retained
+    version) or in the vector cache (batches of runs that never published them)."""
     wanted = sorted(set(hashes))
     rows: dict[str, int] = {}
     dense: list[np.ndarray] = []
@@ -105,16 +113,46 @@ def stored_vectors(conn: psycopg.Connection, model_id: int, hashes: Iterable[str
                        SparseRows.from_dicts(weights) if sparse else None)
 
 
-def record_quarantine(conn: psycopg.Connection, run_id: int, fingerprint: str,
-                      records: Sequence[QuarantineRecord]) -> None:
-    if not records:
+def cache_vectors(conn: psycopg.Connection, model_id: int, hashes: Sequence[str], dense: np.ndarray,
+                  sparse: SparseRows | None, sparse_dim: int | None) -> None:
+    """Keep one embedded batch in the vector cache, committed at once in its own transaction (the caller's
+    connection is in autocommit mode, outside any candidate write), so a run killed after this batch
+    does not embed it again. One binary COPY into the session's staging table, then an insert that keeps
+    rows already cached (ON CONFLICT DO NOTHING)."""
+    if not hashes:
         return
+    n = len(hashes)
+    fields = [pgcopy.int_field(np.full(n, model_id, np.int64), 4), pgcopy.text_field(list(hashes)),
+              pgcopy.halfvec_field(np.asarray(dense, np.float32)),
+              pgcopy.sparsevec_field(sparse if sparse_dim else None, n, sparse_dim)]
+    with conn.transaction():
+        db.execute(conn, "create_vector_cache_stage")
+        with conn.cursor() as cur, cur.copy(db.q("copy_vector_cache_stage")) as copy:
+            copy.write(pgcopy.HEADER)
+            copy.write(pgcopy.encode_rows(fields))
+            copy.write(pgcopy.TRAILER)
+        db.execute(conn, "insert_vector_cache")
+
+
+def record_quarantine(conn: psycopg.Connection, run_id: int, fingerprint: str,
+                      records: Sequence[QuarantineRecord]) -> set[str]:
+    """Write the records; returns the paths written. A re-read of a known bad file (a record equal to its
+    path's latest one, error included, from a stage that meets every file on every run:
+    tasks.diff.counts_as_attempt) is not written again, so a file rejected the same way each run keeps one row."""
+    if not records:
+        return set()
+    written: set[str] = set()
     with conn.transaction(), conn.cursor() as cur:
         cur.executemany(db.q("insert_quarantine"), [
             {"run_id": run_id, "path": r.path, "content_sha256": r.content_sha256,
-             "pipeline_fingerprint": fingerprint, "stage": r.stage, "reason": r.reason, "error": r.error}
+             "pipeline_fingerprint": fingerprint, "stage": r.stage, "reason": r.reason, "error": r.error,
+             "attempt": counts_as_attempt(r)}
             for r in records
-        ])
+        ], returning=True)
+        for r, _ in zip(records, cur.results(), strict=True):
+            if cur.fetchone() is not None:
+                written.add(r.path)
+    return written
 
 
 def retire(conn: psycopg.Connection, version_ids: Sequence[int], generation: int) -> int:

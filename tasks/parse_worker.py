@@ -1,129 +1,351 @@
-"""Parse documents in a separate process, so a parser that crashes (PyMuPDF can segfault on malformed
-files), hangs or eats memory costs one document, not the run.
+"""Parse documents in a pool of isolated worker processes, so a parser that crashes (PyMuPDF can segfault on
+malformed files), hangs or eats memory costs one document, not the run, and a refresh parses on every CPU.
 
-One long-lived worker serves a whole refresh (the OCR models load once); when it dies or times out it is
-killed and a fresh one takes the next document. The memory limit is an address-space rlimit set inside
-the worker (Linux/macOS).
+The pool is pebble's ProcessPool (spawned workers, one document at a time each, a worker stopped on timeout
+and replaced after a crash, recycled after MAX_TASKS_PER_WORKER tasks to bound leaks). Each worker applies
+the memory limit (an address-space rlimit, Linux/macOS) and warms up in its initializer: it imports the
+parsers by parsing tiny samples of the formats the batch holds, so the parse clock, which pebble starts when
+a worker takes a document, never counts start-up. A worker that cannot set its memory limit says so with
+every result; the parent warns once and keeps the reason (memory_limit_problem).
+
+A document's deadline grows with its work: parse_timeout_s plus parse_timeout_per_page_s per page
+(parse_deadline_s). The pages of PDFs (PyMuPDF) and multi-frame TIFFs (Pillow) are counted by a short task
+in the pool before the parse, not in the parent: opening a hostile PDF is exactly what can crash a process.
+Other files count 0 pages (their parse time does not follow a page count that can be read cheaply).
+A document whose text passes ParseOptions.max_chars never leaves the worker: it is 'oversized'.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
+import os
 import signal
-from collections.abc import Callable
-from multiprocessing.connection import Connection
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from pebble import ProcessExpired, ProcessPool
 
 from corpusync.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
 
 ParseFn = Callable[[SourceFile, ParseOptions], ParsedDocument]
+Result = ParsedDocument | ParseError
+
+log = logging.getLogger(__name__)
+
+MAX_TASKS_PER_WORKER = 500  # page counts included (a task each): a worker is replaced after 250-500 documents
+MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of days
+PROBE_TIMEOUT_S = 60.0  # counting pages opens the file, nothing more
+STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task
+POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is reported 'crashed'
+PAGED = (".pdf", ".tif", ".tiff")
+UNSTRUCTURED = (".md", ".markdown", ".html", ".htm", ".docx", ".pptx", ".xlsx", ".doc", ".ppt", ".xls")
 
 
-def _serve(conn: Connection, options: ParseOptions, memory_mb: int, parse: ParseFn) -> None:
-    if memory_mb > 0:
-        try:
-            import resource
-
-            limit = memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        except (ImportError, ValueError, OSError):
-            pass  # not supported here: run without the limit
-    from corpusync.offline import apply_offline_defaults
-
-    apply_offline_defaults()
-    while True:
-        try:
-            src = conn.recv()
-        except EOFError:
-            return
-        if src is None:
-            return
-        try:
-            conn.send(("ok", parse(src, options)))
-        except ParseError as exc:
-            conn.send(("err", (exc.reason, exc.detail)))
-        except MemoryError:
-            conn.send(("err", ("out-of-memory", f"parsing exceeded the worker's memory limit of {memory_mb} MiB")))
+def default_workers() -> int:
+    """One worker per CPU this process may run on (its affinity mask, where the platform has one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # macOS, Windows
+        return max(os.cpu_count() or 1, 1)
 
 
-class ParseWorker:
-    """`parse(src)` returns a ParsedDocument or raises ParseError (timeout / crashed / the parser's own)."""
+def parse_deadline_s(pages: int | None, base_s: float, per_page_s: float) -> float:
+    """Seconds a document may take: the base plus per_page_s for each page (None: not counted, 0 pages),
+    at most MAX_SCALED_PAGES pages counted."""
+    return base_s + per_page_s * min(max(pages or 0, 0), MAX_SCALED_PAGES)
 
-    def __init__(self, options: ParseOptions, timeout_s: float, memory_mb: int,
-                 parse: ParseFn = parse_document) -> None:
-        """`parse` must be a module-level function (it is pickled into the worker); tests pass one that
-        injects crashes and hangs."""
+
+# --- in the worker -----------------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _apply_memory_limit(memory_mb: int) -> str | None:
+    """Set the worker's address-space limit; None when it is set (or none is asked for), else why not."""
+    if memory_mb <= 0:
+        return None
+    try:
+        import resource
+    except ImportError:
+        return f"the memory limit of {memory_mb} MiB cannot be applied: no resource module on this platform"
+    limit = memory_mb * 1024 * 1024
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError) as exc:
+        return (f"the memory limit of {memory_mb} MiB could not be applied: setrlimit(RLIMIT_AS) failed: "
+                f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tuple[str, ...]) -> None:
+    """pebble's initializer: memory limit first (it bounds the warm-up too), then the warm-up. It never
+    raises: a failing initializer would make pebble declare the whole pool broken."""
+    _WORKER.update(options=options, memory_mb=memory_mb, parse=parse, problem=_apply_memory_limit(memory_mb))
+    try:
+        from corpusync.offline import apply_offline_defaults
+
+        apply_offline_defaults()
+        _warm_up(warm)
+    except BaseException as exc:  # a warm-up that fails (memory limit) only costs the first parse
+        log.debug("parse worker warm-up failed: %s: %s", type(exc).__name__, exc)
+
+
+def _warm_up(kinds: tuple[str, ...]) -> None:
+    """Parse a tiny sample of each kind, so the parser modules (unstructured's ~3 s import, PyMuPDF) are
+    loaded before the worker takes a document whose clock is running."""
+    import hashlib
+    import tempfile
+    from datetime import UTC, datetime
+
+    samples: dict[str, bytes] = {"txt": b"Warm-up.\n", "md": b"# Warm-up\n\nA paragraph.\n"}
+    if "pdf" in kinds:
+        import pymupdf
+
+        pdf = pymupdf.open()
+        pdf.new_page().insert_text((72, 72), "Warm-up.")
+        samples["pdf"] = pdf.tobytes()
+    with tempfile.TemporaryDirectory(prefix="corpusync-warm-") as tmp:
+        for kind in ("txt", *kinds):
+            path = Path(tmp) / f"warm-up.{kind}"
+            path.write_bytes(samples[kind])
+            src = SourceFile(path.name, path, len(samples[kind]), datetime.now(UTC),
+                             hashlib.sha256(samples[kind]).hexdigest())
+            parse_document(src, _WORKER["options"])
+
+
+def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
+    """The page count that scales the document's deadline (None: unknown), with the memory-limit report."""
+    pages: int | None = None
+    suffix = Path(src.path).suffix.lower()
+    try:
+        if src.size <= _WORKER["options"].max_bytes and suffix == ".pdf":
+            import pymupdf
+
+            with pymupdf.open(src.abs_path) as doc:
+                pages = doc.page_count
+        elif src.size <= _WORKER["options"].max_bytes and suffix in (".tif", ".tiff"):
+            from PIL import Image
+
+            with Image.open(src.abs_path) as image:
+                pages = int(getattr(image, "n_frames", 1))
+    except Exception:  # a file that does not open is the parse's to report
+        pages = None
+    return _WORKER["problem"], pages
+
+
+def _parse(src: SourceFile) -> tuple[str | None, tuple[Any, ...]]:
+    """One document: ("ok", doc) or ("err", reason, detail), with the memory-limit report. Plain tuples:
+    exceptions with custom constructors do not cross a process boundary reliably."""
+    options: ParseOptions = _WORKER["options"]
+    try:
+        doc = _WORKER["parse"](src, options)
+        chars = sum(len(b.text) for b in doc.blocks)  # whatever the parse function: the chunker never sees more
+        if chars > options.max_chars:
+            raise ParseError(src.path, "oversized", f"its text is {chars:,} characters, over the limit of "
+                             f"{options.max_chars:,} (CORPUSYNC_PARSE_MAX_CHARS; split the document or raise "
+                             "the setting)")
+        return _WORKER["problem"], ("ok", doc)
+    except ParseError as exc:
+        return _WORKER["problem"], ("err", exc.reason, exc.detail)
+    except MemoryError:
+        return _WORKER["problem"], ("err", "out-of-memory", "parsing exceeded the worker's memory limit of "
+                                    f"{_WORKER['memory_mb']} MiB")
+
+
+# --- in the parent -----------------------------------------------------------------------------------------
+
+@dataclass
+class _Job:
+    index: int
+    src: SourceFile
+    counted: bool = False  # pages were asked for (or need not be)
+    pages: int | None = None
+    deadline: float = 0.0
+    probing: bool = False
+    breaks: int = 0
+
+
+class ParsePool:
+    """`parse_many(sources)` yields (source, ParsedDocument | ParseError) for every source: ParseError
+    'crashed' (with the signal), 'timeout', 'out-of-memory' or the parser's own. `parse(src)` does one.
+    `memory_limit_problem`: why the memory limit could not be applied (None: it was, or none was asked).
+    `restarts`: workers replaced after a crash or a timeout."""
+
+    def __init__(self, options: ParseOptions, *, workers: int | None = None, timeout_s: float = 600.0,
+                 timeout_per_page_s: float = 0.0, memory_mb: int = 8192, parse: ParseFn = parse_document,
+                 warm_for: Iterable[str] | None = None, max_tasks: int = MAX_TASKS_PER_WORKER) -> None:
+        """`parse` must be picklable (a module-level function): it travels to every worker; tests pass one
+        that injects crashes and hangs. `warm_for`: the paths (or suffixes) the pool will see, to warm only
+        the parsers they need (None: all). `workers`: 0 or None is one per CPU."""
         self.options = options
         self.parse_fn = parse
+        self.workers = workers or default_workers()
         self.timeout_s = timeout_s
+        self.timeout_per_page_s = timeout_per_page_s
         self.memory_mb = memory_mb
-        self._ctx = mp.get_context("spawn")  # never fork a process that holds threads and connections
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        self.max_tasks = max_tasks
+        suffixes = None if warm_for is None else {Path(p).suffix.lower() or p for p in warm_for}
+        self._warm = tuple(kind for kind, exts in (("pdf", PAGED[:1]), ("md", UNSTRUCTURED))
+                           if suffixes is None or suffixes & set(exts))
+        self._pool: ProcessPool | None = None
         self.restarts = 0
+        self.memory_limit_problem: str | None = None
 
-    def _start(self) -> Connection:
-        if self._proc is None or not self._proc.is_alive():
-            parent, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=_serve, args=(child, self.options, self.memory_mb, self.parse_fn),
-                                           name="corpusync-parse", daemon=True)
-            self._proc.start()
-            child.close()
-            self._conn = parent
-        assert self._conn is not None
-        return self._conn
+    # -- the pool --
+    def _running_pool(self) -> ProcessPool:
+        if self._pool is None:
+            self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
+                                     initargs=(self.options, self.memory_mb, self.parse_fn, self._warm),
+                                     context=mp.get_context("spawn"))  # never fork a process with threads
+        return self._pool
 
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.join(5)
-            self._proc = None
+    def _discard_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join()
+            self._pool = None
+
+    def _schedule(self, job: _Job) -> Future[Any]:
+        """Count the document's pages first where its deadline depends on them, else parse it."""
+        job.probing = (not job.counted and self.timeout_per_page_s > 0
+                       and Path(job.src.path).suffix.lower() in PAGED)
+        job.counted = True
+        for attempt in range(2):
+            pool = self._running_pool()
+            try:
+                if job.probing:
+                    return pool.schedule(_count_pages, (job.src,), timeout=min(self.timeout_s, PROBE_TIMEOUT_S))
+                job.deadline = parse_deadline_s(job.pages, self.timeout_s, self.timeout_per_page_s)
+                return pool.schedule(_parse, (job.src,), timeout=job.deadline)
+            except RuntimeError:  # the pool broke between two documents: a fresh one
+                if attempt:
+                    raise
+                self._discard_pool()
+        raise AssertionError("unreachable")
+
+    # -- results --
+    def parse_many(self, sources: Iterable[SourceFile], *, ordered: bool = True,
+                   largest_first: bool = True) -> Iterator[tuple[SourceFile, Result]]:
+        """Every source with its result, in input order (ordered=True) or as they finish. The largest files
+        are handed out first (a big one started last would leave the other workers idle at the end);
+        at most 4 documents per worker are in flight, so a long input is not all queued at once."""
+        jobs = [_Job(i, src) for i, src in enumerate(sources)]
+        queue = deque(sorted(jobs, key=lambda j: -j.src.size) if largest_first else jobs)
+        pending: dict[Future[Any], _Job] = {}
+        finished: dict[int, tuple[SourceFile, Result]] = {}
+        next_out = 0
+        try:
+            while queue or pending:
+                while queue and len(pending) < 4 * self.workers:
+                    job = queue.popleft()
+                    pending[self._schedule(job)] = job
+                limit = max(max(j.deadline if not j.probing else PROBE_TIMEOUT_S for j in pending.values())
+                            + STALL_GRACE_S, 1.0)
+                done, _ = wait(pending, timeout=limit, return_when=FIRST_COMPLETED)
+                if not done or any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                    why = "the worker pool broke" if done else f"no document finished in {limit:g} s"
+                    for job in self._requeue(pending, queue, why):
+                        finished[job.index] = (job.src, ParseError(job.src.path, "crashed", (
+                            f"{why} {job.breaks} times while this file was being parsed")))
+                for future in done & pending.keys():
+                    job = pending.pop(future)
+                    outcome = self._outcome(job, future)
+                    if outcome is None:
+                        queue.appendleft(job)  # counted: now the parse itself
+                    else:
+                        finished[job.index] = (job.src, outcome)
+                if ordered:
+                    while next_out in finished:
+                        yield finished.pop(next_out)
+                        next_out += 1
+                else:
+                    for index in list(finished):
+                        yield finished.pop(index)
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str) -> list[_Job]:
+        """A broken (or stalled) pool: a fresh one, and every document in flight again, once it has not been
+        in flight POOL_BREAKS_PER_FILE times. Returns those that have."""
+        log.warning("parse pool: %s; %d document(s) in flight are parsed again in a fresh pool", why, len(pending))
+        self._discard_pool()
+        self.restarts += 1
+        given_up = []
+        for job in sorted(pending.values(), key=lambda j: -j.index):
+            job.breaks += 1
+            if job.breaks >= POOL_BREAKS_PER_FILE:
+                given_up.append(job)
+            else:
+                job.counted = job.counted and not job.probing
+                queue.appendleft(job)
+        pending.clear()
+        return given_up
+
+    def _outcome(self, job: _Job, future: Future[Any]) -> Result | None:
+        """The document's result, or None when its pages were counted (the parse comes next)."""
+        path = job.src.path
+        exc = future.exception()
+        if exc is None:
+            problem, value = future.result()
+            self._note_memory_limit(problem)
+            if job.probing:
+                job.pages = value
+                return None
+            if value[0] == "ok":
+                return value[1]
+            return ParseError(path, value[1], value[2])
+        if isinstance(exc, (TimeoutError, ProcessExpired)):
             self.restarts += 1
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if job.probing:  # counting failed: the parse, with the base deadline, says what is wrong
+            log.info("%s: its pages could not be counted (%s); parsing it with the base deadline", path, exc)
+            return None
+        if isinstance(exc, TimeoutError):
+            pages = f" ({self.timeout_s:g} s + {job.pages} pages x {self.timeout_per_page_s:g} s)" if job.pages else ""
+            return ParseError(path, "timeout", f"parsing took longer than {job.deadline:g} s{pages}; the worker was "
+                              "stopped (raise CORPUSYNC_PARSE_TIMEOUT_S or CORPUSYNC_PARSE_TIMEOUT_PER_PAGE_S)")
+        if isinstance(exc, ProcessExpired):
+            code = exc.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            hint = " (SIGKILL: possibly the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
+            return ParseError(path, "crashed", f"the parser process died ({how}) on this file{hint}")
+        return ParseError(path, "parser-error", f"{type(exc).__name__}: {exc}")
+
+    def _note_memory_limit(self, problem: str | None) -> None:
+        """A worker's report on its memory limit: warned about once per pool, kept for the run."""
+        if problem and self.memory_limit_problem is None:
+            log.warning("parse worker: %s; it runs without one, so a parser that eats memory can exhaust the "
+                        "machine (CORPUSYNC_PARSE_MEMORY_MB)", problem)
+        self.memory_limit_problem = self.memory_limit_problem or problem
 
     def parse(self, src: SourceFile) -> ParsedDocument:
-        conn = self._start()
-        try:
-            conn.send(src)
-            if not conn.poll(self.timeout_s):
-                self._kill()
-                raise ParseError(src.path, "timeout", f"parsing took longer than {self.timeout_s:g} s; the "
-                                 "worker was stopped (raise CORPUSYNC_PARSE_TIMEOUT_S for very large files)")
-            status, payload = conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = None
-            if self._proc is not None:
-                self._proc.join(5)
-                code = self._proc.exitcode
-            self._kill()
-            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-            raise ParseError(src.path, "crashed", f"the parser process died ({how}) on this file") from None
-        if status == "ok":
-            return payload
-        reason, detail = payload
-        raise ParseError(src.path, reason, detail)
+        """One document: its ParsedDocument, or raises its ParseError."""
+        _, result = next(self.parse_many([src]))
+        if isinstance(result, ParseError):
+            raise result
+        return result
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.is_alive() and self._conn is not None:
-            try:
-                self._conn.send(None)
-                self._proc.join(5)
-            except (BrokenPipeError, OSError):
-                pass
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(5)
-        self._proc = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._discard_pool()
 
-    def __enter__(self) -> ParseWorker:
+    def __enter__(self) -> ParsePool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ParseWorker(ParsePool):
+    """One isolated worker, fixed deadline (the API before the pool; tests and tools use it)."""
+
+    def __init__(self, options: ParseOptions, timeout_s: float, memory_mb: int,
+                 parse: ParseFn = parse_document) -> None:
+        super().__init__(options, workers=1, timeout_s=timeout_s, memory_mb=memory_mb, parse=parse)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 
 from corpusync import db
@@ -9,18 +11,38 @@ from corpusync.errors import CorpusyncError, MassDeleteRefused, RollbackError
 from schemas.records import DiffPlan
 
 
-def check_mass_delete(plan: DiffPlan, max_fraction: float, allow: bool) -> None:
-    """Refuse a refresh that would remove more than max_fraction of the live documents."""
-    if allow or plan.live_before == 0:
+def check_mass_delete(plan: DiffPlan, max_fraction: float, allow: bool,
+                      reference: dict[str, Any] | None = None) -> None:
+    """Refuse a refresh that would remove more than max_fraction of the live documents, or that would take
+    the index more than max_fraction below `reference` (the largest generation published recently: see
+    mass_delete_reference), so several refreshes in a row cannot empty it a slice at a time."""
+    if allow or plan.live_before == 0 or not plan.deleted:
         return
+    advice = ("If the source folder is mounted and the deletions are intended, run again with --allow-mass-delete "
+              "(or raise CORPUSYNC_MAX_DELETE_FRACTION). Nothing was changed; the published generation stays live.")
     share = len(plan.deleted) / plan.live_before
     if share > max_fraction:
         raise MassDeleteRefused(
             f"this refresh would remove {len(plan.deleted)} of {plan.live_before} live documents "
-            f"({share:.0%} > the {max_fraction:.0%} limit). If the source folder is mounted and the deletions "
-            "are intended, run again with --allow-mass-delete (or raise CORPUSYNC_MAX_DELETE_FRACTION). "
-            "Nothing was changed; the published generation stays live."
+            f"({share:.0%} > the {max_fraction:.0%} limit). {advice}"
         )
+    if reference is None or not reference["live_documents"]:
+        return
+    before = int(reference["live_documents"])
+    after = plan.live_before - len(plan.deleted) + len(plan.new)
+    drop = (before - after) / before
+    if drop > max_fraction:
+        raise MassDeleteRefused(
+            f"this refresh would leave {after} live documents where generation {reference['generation']} "
+            f"(published {reference['published_at']:%Y-%m-%d %H:%M}) had {before}: {drop:.0%} fewer across recent "
+            f"refreshes (> the {max_fraction:.0%} limit, counted over CORPUSYNC_MASS_DELETE_WINDOW_H). {advice}"
+        )
+
+
+def mass_delete_reference(conn: psycopg.Connection, window_h: float) -> dict[str, Any] | None:
+    """The largest generation published in the last `window_h` hours, since the last publish a user allowed
+    to delete many documents (that one resets the reference)."""
+    return db.fetch_one(conn, "mass_delete_reference", {"window_s": window_h * 3600.0})
 
 
 def create_candidate(conn: psycopg.Connection, run_id: int, model_id: int) -> int:
@@ -45,6 +67,7 @@ def publish(conn: psycopg.Connection, generation: int, base_generation: int, mod
         db.execute(conn, "supersede_generation", {"generation": base_generation})
         db.execute(conn, "set_generation_status", {"generation": generation, "status": "published"})
         db.execute(conn, "publish_generation", {"generation": generation, "model_id": model_id})
+        db.execute(conn, "record_generation_size", {"generation": generation})
 
 
 def mark_generation(conn: psycopg.Connection, generation: int, status: str) -> None:

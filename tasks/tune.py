@@ -59,11 +59,12 @@ class TuneOutcome:
 def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
             generation: int) -> list[QuestionCandidates]:
     """Every question of the gold set with its candidates from all channels and its relevance units."""
-    from tasks.evaluate import K_RETRIEVE, _chunks_of_gold
+    from tasks.evaluate import K_RETRIEVE, _chunks_of_gold, embed_questions
 
     docs, by_path = _chunks_of_gold(conn, goldset, generation)
     questions = goldset.questions
-    vectors = searcher.embedder.embed([q.question for q in questions]).dense  # as the evaluation embeds them
+    vectors = embed_questions(searcher.embedder, [q.question for q in questions],  # as the evaluation does
+                              settings.embed_batch_tokens)
     sparse = searcher.embedder.identity.sparse_trained
     all_on = Fusion(weights={"dense": 1.0, "lexical": 1.0, "sparse": 1.0 if sparse else 0.0})
     pool = max(settings.candidate_pool, K_RETRIEVE)  # the pool the evaluation's queries run with

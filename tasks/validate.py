@@ -107,7 +107,9 @@ def validate_chunks(docs: list[EmbeddedDocument], t: Thresholds) -> ValidationOu
         return ValidationOutcome([], {})
     import great_expectations as gx
 
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    # great_expectations sets some of its module loggers to INFO itself (its temporary docs folder): quiet
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     df = chunk_frame(docs, t)
     context = gx.get_context(mode="ephemeral")
     try:

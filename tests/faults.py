@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
@@ -20,3 +21,25 @@ def crashing_parser(src: SourceFile, options: ParseOptions) -> ParsedDocument:
         hog = [bytearray(64 * 1024 * 1024) for _ in range(1000)]  # 64 GiB: past any memory limit
         del hog
     return parse_document(src, options)
+
+
+def _arm_setrlimit_fault() -> SetrlimitRefused:
+    """Runs where the parse function is unpickled, i.e. only inside a worker process: setrlimit fails there."""
+    import resource
+
+    def refuse(*args: object) -> None:
+        raise ValueError("not allowed to raise maximum limit")
+
+    resource.setrlimit = refuse  # type: ignore[assignment]
+    return SetrlimitRefused()
+
+
+class SetrlimitRefused:
+    """A parse function that makes resource.setrlimit fail in the worker it is sent to (and crashes on
+    *crash*, hangs on *hang*, like crashing_parser)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _arm_setrlimit_fault, ()
+
+    def __call__(self, src: SourceFile, options: ParseOptions) -> ParsedDocument:
+        return crashing_parser(src, options)

@@ -63,7 +63,7 @@ def readers(indexed, conn) -> Any:  # type: ignore[no-untyped-def]
 
 
 def as_role(settings: Any, role: str) -> psycopg.Connection:
-    url = settings.database_url.replace("postgres:@", f"{role}:@", 1)
+    url = settings.database_dsn().replace("postgres:@", f"{role}:@", 1)
     return psycopg.connect(url, autocommit=True)
 
 

@@ -99,7 +99,7 @@ def test_compose_query_export_and_eval_parquet(
     assert not list(tmp_path.glob("*.partial"))
 
     monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
-    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn())
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
     out = tmp_path / "out" / "chunks.parquet"
     assert main(["export", str(out), "--vectors"]) == 0

@@ -187,7 +187,7 @@ def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: 
 
     settings, _ = sample
     monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
-    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url or "")
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn() or "")
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
     assert main(["query", "Super Bowl Broncos", "--mode", "lexical", "-k", "20", "--json"]) == 0
     base = json.loads(capsys.readouterr().out)

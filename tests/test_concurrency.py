@@ -36,7 +36,7 @@ def test_reader_never_sees_a_half_updated_corpus(prefect_harness, settings, corp
     errors: list[str] = []
 
     def reader() -> None:
-        with db.connection(settings.database_url, autocommit=True) as rc:
+        with db.connection(settings.database_dsn(), autocommit=True) as rc:
             while not stop.is_set():
                 rows = rc.execute(SNAPSHOT).fetchall()
                 by_path: dict[str, int] = {}
@@ -64,14 +64,14 @@ def test_reader_never_sees_a_half_updated_corpus(prefect_harness, settings, corp
 
 def _kill_during_load(settings: Any, corpus: Path, api_url: str) -> bool:
     """Start a refresh in another process; SIGKILL it once its candidate generation exists."""
-    env = dict(os.environ, PREFECT_API_URL=api_url, CORPUSYNC_DATABASE_URL=settings.database_url,
+    env = dict(os.environ, PREFECT_API_URL=api_url, CORPUSYNC_DATABASE_URL=settings.database_dsn(),
                CORPUSYNC_HOME=str(settings.home), CORPUSYNC_CHUNK_MAX_TOKENS=str(settings.chunk_max_tokens),
                PREFECT_LOGGING_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "flows.refresh", str(corpus), "--quiet"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = False
     try:
-        with db.connection(settings.database_url, autocommit=True) as c:
+        with db.connection(settings.database_dsn(), autocommit=True) as c:
             deadline = time.monotonic() + 240
             while proc.poll() is None and time.monotonic() < deadline:
                 row = c.execute("SELECT count(*) FROM corpusync.generations WHERE status = 'candidate'").fetchone()
@@ -119,7 +119,7 @@ def test_kill_9_mid_refresh_converges(prefect_harness, pg_server: str, settings,
     try:
         fresh = settings.model_copy(update={"database_url": _db_url(pg_server, name)})
         run(fresh, corpus)
-        with db.connection(fresh.database_url, autocommit=True) as fc:
+        with db.connection(fresh.database_dsn(), autocommit=True) as fc:
             assert live(fc) == converged
     finally:
         with db.connection(pg_server, autocommit=True) as admin:

@@ -34,7 +34,7 @@ def goldset(corpus: Path, tmp_path: Path) -> Path:
 def env(settings: Any, goldset: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Point the CLI at the test database and gold set (the CLI builds its own Settings from the env)."""
     monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
-    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn())
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
     monkeypatch.setenv("CORPUSYNC_GOLDSETS", json.dumps([str(goldset)]))
     monkeypatch.setenv("CORPUSYNC_PARSE_ISOLATION", "false")  # the fault is injected in this process

@@ -67,7 +67,7 @@ def indexed(prefect_harness, settings, corpus: Path, goldsets, monkeypatch: pyte
     summary = refresh(str(corpus), settings=settings)
     assert summary["published"] and summary["generation"] == 1
     monkeypatch.setenv("CORPUSYNC_HOME", str(settings.home))
-    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn())
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))
     monkeypatch.delenv("CORPUSYNC_GOLDSETS", raising=False)
     monkeypatch.delenv("CORPUSYNC_RERANKER_PATH", raising=False)

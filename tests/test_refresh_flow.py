@@ -137,7 +137,9 @@ def test_bad_input_is_quarantined_and_previous_version_stays_live(prefect_harnes
     assert status["empty.txt"] == "quarantined"
     again = run(settings, corpus)  # known-bad content is not parsed again
     assert again["status"] == "no_changes"
-    assert {q["reason"] for q in again["quarantined"]} == {"still quarantined"}
+    assert {(q["path"], q["status"], q["reason"]) for q in again["quarantined"]} == {
+        ("paper.pdf", "still quarantined", "corrupt"), ("empty.txt", "still quarantined", "empty"),
+        ("locked.pdf", "still quarantined", "encrypted")}
 
 
 def test_parser_crash_quarantines_one_document(prefect_harness, settings, corpus: Path, conn,  # type: ignore[no-untyped-def]

@@ -176,7 +176,7 @@ def test_cli_grant_and_revoke_never_print_the_password(settings: Any, monkeypatc
     from corpusync.cli import main
 
     name, password = reader
-    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn())
     monkeypatch.setattr("sys.stdin", io.StringIO(password + "\n"))
     assert main(["db", "grant-reader", name, "--password-stdin", "--group", "legal"]) == 0
     assert main(["db", "url", "--reader", name]) == 0

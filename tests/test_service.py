@@ -95,7 +95,7 @@ def test_empty_index_internal_errors_and_serving_role(settings, monkeypatch: pyt
     from query.search import Searcher
 
     # the embedder is loaded at startup from the settings; searches use serve_database_url when set
-    serving = settings.model_copy(update={"serve_database_url": SecretStr(settings.database_url)})
+    serving = settings.model_copy(update={"serve_database_url": SecretStr(settings.database_dsn())})
     with TestClient(create_app(serving), raise_server_exceptions=False) as client:
         h = client.get("/health").json()
         assert h["status"] == "ok" and not h["published_generation"] and h["model"] is None

@@ -1,0 +1,64 @@
+"""A refresh that has nothing to do, decided before a Prefect flow run is started.
+
+Most scheduled refreshes find the corpus unchanged. Their stage work is milliseconds; what costs seconds is
+starting Prefect's API server, importing the flow machinery and the parsers. So the CLI first compares the
+folder with the published generation read-only (discover + diff, the same functions the flow uses); when
+nothing changed it records the run under the writer lock exactly as the flow would (status no_changes, its
+quarantine reports, prune) without a flow run. Any change at all goes through the flow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corpusync import pipeline
+from corpusync.embedders import Embedder, build_embedder
+from corpusync.runtime import open_database, writer_session
+from schemas.settings import Settings
+from tasks import discover as discover_stage
+from tasks import load as load_stage
+from tasks.diff import RetryPolicy, diff
+
+
+class _Configured:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.embedder: Embedder = build_embedder(settings)  # reads the model's files; loads no weights
+
+
+def looks_unchanged(settings: Settings, source: Path) -> bool:
+    """True when the published generation already serves `source` as the pipeline would build it (nothing
+    new, changed, deleted, or due for a retry). Read-only: no lock, no run record."""
+    with open_database(settings) as conn:
+        state = conn.execute("SELECT published_generation FROM corpusync.index_state").fetchone()
+        if not state or not state[0]:
+            return False
+        files, problems = discover_stage.discover(source, settings.include_globs, settings.exclude_globs)
+        fingerprint = pipeline.pipeline_fingerprint(_Configured(settings))
+        plan = diff(files, load_stage.live_versions(conn, int(state[0])), fingerprint,
+                    load_stage.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings))
+    unreadable = {p.path for p in problems}
+    return not (plan.new or plan.changed or plan.to_process
+                or any(v.path not in unreadable for v in plan.deleted))
+
+
+def refresh_if_unchanged(settings: Settings, source: Path, *, allow_mass_delete: bool = False,
+                         skip_gate: bool = False) -> dict[str, Any] | None:
+    """The run summary of a refresh that found nothing to do, recorded without a flow run; None when there
+    is work, for the caller to run the refresh flow."""
+    if not looks_unchanged(settings, source):
+        return None
+    with writer_session(settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate) as ctx:
+        plan = pipeline.step_diff(ctx, pipeline.step_discover(ctx))  # again, under the lock
+        if plan.has_changes or plan.to_process:
+            # the folder changed since the check: do the work here rather than leave the run half done
+            parsed = pipeline.step_parse(ctx, plan)
+            embedded, _ = pipeline.step_validate(ctx, pipeline.step_embed(ctx, pipeline.step_chunk(ctx, parsed, plan)))
+            generation = pipeline.step_load(ctx, embedded, plan)
+            pipeline.step_evaluate(ctx, generation)
+            pipeline.step_publish(ctx, generation)
+        else:
+            pipeline.step_publish(ctx, None)
+        pipeline.step_prune(ctx)
+    return ctx.summary.model_dump()

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one install of corpusync: the Dockerfile, `make install` (so CI) and tests/test_install.py run it.
+#
+#   scripts/install.sh [--python PY] [--extras eval,dev] [--torch auto|cpu|cuda] [--dry-run]
+#
+# torch goes first and pinned (requirements/constraints.txt), or a dependency pulls whatever build the
+# package index serves: on Linux x86-64 PyPI's torch is the CUDA build (several GB). `cpu` installs the CPU
+# build from PyTorch's CPU wheel index (CORPUSYNC_TORCH_INDEX); when that index cannot be reached the
+# install falls back to the default index and says so. `cuda` takes the default index's (CUDA) build.
+# `auto` (the default, or CORPUSYNC_TORCH): cuda when nvidia-smi lists a GPU, else cpu. Then corpusync
+# itself, editable, with the extras, under the same constraints. --dry-run prints the pip commands only.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CONSTRAINTS="$ROOT/requirements/constraints.txt"
+PY="${PYTHON:-python3}"
+EXTRAS=""
+TORCH="${CORPUSYNC_TORCH:-auto}"
+CPU_INDEX="${CORPUSYNC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+DRY=0
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) PY="$2"; shift 2 ;;
+    --extras) EXTRAS="$2"; shift 2 ;;
+    --torch) TORCH="$2"; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "install.sh: $*" >&2; }
+pip_install() {
+  if [ "$DRY" = 1 ]; then echo "pip install $*"; else "$PY" -m pip install -q "$@"; fi
+}
+
+if [ "$TORCH" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    TORCH=cuda
+  else
+    TORCH=cpu
+  fi
+fi
+case "$TORCH" in
+  cpu|cuda) ;;
+  *) say "--torch must be auto, cpu or cuda, not '$TORCH'"; exit 2 ;;
+esac
+
+# Whether PyTorch's CPU index answers (a short probe: pip itself would retry for minutes).
+reachable() {
+  "$PY" - "$1" <<'EOF' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=15).read(1)
+EOF
+}
+
+[ "$DRY" = 1 ] || "$PY" -m pip install -q --upgrade pip
+
+if [ "$TORCH" = cpu ]; then
+  if reachable "$CPU_INDEX" && pip_install -c "$CONSTRAINTS" --index-url "$CPU_INDEX" torch; then
+    say "torch: CPU build from $CPU_INDEX"
+  else
+    say "PyTorch's CPU wheel index $CPU_INDEX cannot be reached: installing torch from the default package" \
+        "index instead (on Linux x86-64 PyPI serves the CUDA build, several GB; it runs on the CPU too)."
+    pip_install -c "$CONSTRAINTS" torch
+  fi
+else
+  say "torch: the default index's build (CUDA on Linux x86-64)"
+  pip_install -c "$CONSTRAINTS" torch
+fi
+
+pip_install -c "$CONSTRAINTS" -e "$ROOT${EXTRAS:+[$EXTRAS]}"
+
+if [ "$DRY" = 0 ]; then
+  "$PY" -c 'import torch; print("install.sh: torch", torch.__version__, "CUDA", torch.version.cuda or "none")' >&2
+fi

@@ -1,0 +1,79 @@
+"""What every format parser shares: the options, the logic version, text cleaning and Markdown tables."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+from corpusync.lexical import CJK
+
+# Bump when the parse/clean output for the same input changes: documents are re-processed.
+PARSE_LOGIC_VERSION = "7"
+
+
+@dataclass(frozen=True)
+class ParseOptions:
+    """What parsing needs from the settings (picklable: it travels to the isolated parse worker)."""
+
+    max_bytes: int = 200 * 1024 * 1024
+    ocr_engine: str = "rapidocr"
+    ocr_model_dir: str | None = None
+    ocr_dpi: int = 200
+    ocr_min_confidence: float = 0.80
+    ocr_max_pages: int = 200
+    pdf_tables: bool = False
+    max_chars: int = 20_000_000  # most characters of text a document may yield (CORPUSYNC_PARSE_MAX_CHARS)
+    markdown_parser: str = "direct"  # "direct" (markdown-it-py) or "unstructured" (CORPUSYNC_MARKDOWN_PARSER)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")
+_SPACES = re.compile(r"[ \t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
+_BLANK_LINES = re.compile(r"\n{3,}")
+_HYPHEN_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[a-zß-öø-ÿ])")  # "exam-\nple" -> "example"
+_COMPOUND_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[A-ZÀ-ÖØ-Þ])")  # "Schwarz-\nWeiß" -> "Schwarz-Weiß"
+_CJK = CJK + r"\u3000-\u303f\uff00-\uffef"  # Han and CJK/full-width punctuation
+# Chinese lines re-join, except before a line that opens a legal unit (第X章 / 第X条 + space, （一）, 一、)
+_CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?!第[0-9０-９一二三四五六七八九十百千零〇两]+[编章节条]\s"
+                        rf"|[（(][一二三四五六七八九十]+[）)]|[一二三四五六七八九十]+、)(?=[{_CJK}])")
+# Glyph artefacts of PDF text layers, folded to the characters they draw: Kangxi / CJK radicals ("⾦" for
+# "金") and Latin ligatures ("ﬁ"). Everything else keeps the document's own characters (full-width
+# punctuation and digits included): compatibility folding belongs to the search text and the model input.
+_GLYPH_ARTEFACTS = re.compile("[\u2e80-\u2fdf\ufb00-\ufb06]")
+
+
+def clean_text(text: str) -> str:
+    """NFC (canonical forms only), PDF glyph artefacts folded, control characters out, English
+    de-hyphenation, Chinese lines re-joined, whitespace collapsed."""
+    text = unicodedata.normalize("NFC", text)
+    text = _GLYPH_ARTEFACTS.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
+    text = _CONTROL.sub("", text)
+    text = _HYPHEN_BREAK.sub("", text)
+    text = _COMPOUND_BREAK.sub("-", text)
+    text = _CJK_BREAK.sub("", text)
+    text = "\n".join(_SPACES.sub(" ", line).strip() for line in text.split("\n"))
+    return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+@cache
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def rows_to_markdown(rows: list[list[str]]) -> str:
+    """Rows (first = header) as a Markdown table; ragged rows padded, cell pipes escaped (once: a pipe
+    that came escaped, as from a code span, is not escaped again)."""
+    rows = [[clean_text(c).replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+    rows = [r for r in rows if any(r)]
+    if not rows:
+        return ""
+    width = max(len(r) for r in rows)
+    rows = [r + [""] * (width - len(r)) for r in rows]
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])

@@ -1,0 +1,245 @@
+"""PDFs through PyMuPDF page by page (exact page numbers, headings by font size, optional tables); a page
+without a usable text layer (none, garbage, spaced out, one big scan) is rendered and OCRed, a blank one is
+not. PyMuPDF errors become 'oversized', 'out-of-memory' or 'corrupt' by cause."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from corpusync.errors import ConfigError, OcrError, ParseError
+from schemas.records import Block, BlockKind, ParsedDocument, SourceFile
+from tasks.parsing import ocr
+from tasks.parsing.common import ParseOptions, _version, clean_text
+from tasks.parsing.layout import MARGIN_BAND, PageBlock, heading_levels, looks_like_heading, strip_running_lines
+from tasks.parsing.limits import _render_dpi, too_long
+
+# --------------------------------------------------------------------------------------------------
+# when a PDF page needs OCR
+
+_GARBAGE = re.compile(r"[\ufffd\ue000-\uf8ff]|\(cid:\d+\)")
+
+
+def ocr_reason(text: str, image_cover: float, invisible_share: float) -> str | None:
+    """Why a page's text layer cannot be trusted, or None when it can.
+
+    - no-text: (almost) no characters;
+    - garbage: mostly replacement characters, private-use glyphs or unmapped (cid:N) codes;
+    - spaced-out: a text layer of single characters separated by spaces ("T h e  c a t");
+    - scanned-image: the page is one big image and its text, if any, is an invisible OCR layer someone
+      else made (re-OCR with a better model).
+    """
+    chars = [c for c in text if not c.isspace()]
+    if len(chars) < 20 and (image_cover > 0.3 or not chars):
+        return "no-text"
+    if chars and len(_GARBAGE.findall(text)) > 0.2 * len(chars):
+        return "garbage"
+    tokens = text.split()
+    if len(tokens) >= 30 and sum(1 for t in tokens if len(t) == 1 and t.isalpha() and t.isascii()) > 0.6 * len(tokens):
+        return "spaced-out"
+    if image_cover >= 0.8 and invisible_share >= 0.5:
+        return "scanned-image"
+    return None
+
+
+def _image_cover(page: object) -> float:
+    rect = page.rect  # type: ignore[attr-defined]
+    area = rect.width * rect.height or 1.0
+    total = 0.0
+    for info in page.get_image_info():  # type: ignore[attr-defined]
+        x0, y0, x1, y1 = info["bbox"]
+        x0, y0, x1, y1 = max(x0, rect.x0), max(y0, rect.y0), min(x1, rect.x1), min(y1, rect.y1)
+        if x1 > x0 and y1 > y0:
+            total += (x1 - x0) * (y1 - y0)
+    return min(total / area, 1.0)
+
+
+def _invisible_share(page: object) -> float:
+    """Share of characters drawn in text render mode 3 (invisible: an OCR layer over a scan)."""
+    total = invisible = 0
+    for span in page.get_texttrace():  # type: ignore[attr-defined]
+        n = len(span.get("chars", ()))
+        total += n
+        if span.get("type") == 3 or span.get("opacity", 1.0) == 0:
+            invisible += n
+    return invisible / total if total else 0.0
+
+
+BLANK_MAX_ITEMS = 16  # path segments a page without text or images may draw and still be blank (a frame, rules)
+
+
+def _is_blank(page: Any) -> bool:
+    """Nothing to OCR on a page without a text layer: no text operator, image or shading, and at most a few
+    vector segments (outlined text takes several curve segments per glyph, so it is never this sparse)."""
+    paths = False
+    for kind, _ in page.get_bboxlog():
+        if "path" not in kind:
+            return False
+        paths = True
+    return not paths or sum(len(d["items"]) for d in page.get_drawings()) <= BLANK_MAX_ITEMS
+
+
+def _mupdf_error(path: str, exc: Exception, what: str) -> ParseError:
+    """A PyMuPDF exception by cause: past a MuPDF limit -> oversized, out of memory -> out-of-memory, else the
+    file is damaged -> corrupt."""
+    name, msg = type(exc).__name__, str(exc)
+    if name == "FzErrorLimit":
+        return ParseError(path, "oversized", f"{what}: past a MuPDF limit: {msg}")
+    if name == "FzErrorSystem" and re.search(r"(?i)memory|alloc", msg):
+        return ParseError(path, "out-of-memory", f"{what}: {msg}")
+    return ParseError(path, "corrupt", f"{what}: {msg}")
+
+
+def _page_tables(page: object) -> list[tuple[tuple[float, float, float, float], str]]:
+    """Tables PyMuPDF finds on a page, as (bbox, Markdown). Slow (~0.3 s/page): only with pdf_tables."""
+    out = []
+    for tab in page.find_tables().tables:  # type: ignore[attr-defined]
+        md = tab.to_markdown(clean=False).strip()
+        if md:
+            out.append((tuple(tab.bbox), md))
+    return out
+
+
+def _inside(b: tuple[float, ...], box: tuple[float, ...]) -> bool:
+    cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
+    return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
+
+
+def _page_blocks(page: Any) -> list[tuple[tuple[float, float, float, float], str, float]]:
+    """Text blocks of a page in PyMuPDF's order: bbox, text (lines joined by newlines) and the font size
+    that covers most of its characters."""
+    out = []
+    for b in page.get_text("dict", flags=0)["blocks"]:
+        if b.get("type") != 0:
+            continue
+        lines: list[str] = []
+        by_size: Counter[float] = Counter()
+        for line in b["lines"]:
+            lines.append("".join(span["text"] for span in line["spans"]))
+            for span in line["spans"]:
+                by_size[round(span["size"], 1)] += len(span["text"].strip())
+        text = "\n".join(lines)
+        if text.strip():
+            out.append((tuple(b["bbox"]), text, by_size.most_common(1)[0][0] if by_size else 0.0))
+    return out
+
+
+def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDocument:
+    import pymupdf
+
+    if not data.startswith(b"%PDF") and b"%PDF" not in data[:1024]:
+        raise ParseError(src.path, "wrong-format", "the file has a .pdf name but no PDF header")
+    try:
+        doc = pymupdf.open(stream=data, filetype="pdf")
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise _mupdf_error(src.path, exc, "PyMuPDF cannot open it") from exc
+    with doc:
+        if doc.needs_pass:
+            raise ParseError(src.path, "encrypted", "the PDF needs a password to open")
+        if doc.page_count == 0:
+            raise ParseError(src.path, "corrupt", "no readable page (truncated or damaged file)")
+        page_count = doc.page_count
+        repaired = doc.is_repaired
+        # per page: text blocks (flagged when in the margin bands) or OCR blocks
+        pages: list[list[PageBlock]] = []
+        special: dict[int, list[Block]] = {}  # page index -> OCR / table blocks
+        ocr_pages: list[dict] = []
+        skipped_ocr: list[int] = []
+        blank: list[int] = []
+        ocr_done: set[int] = set()
+        chars = number = 0
+        sizes: dict[tuple[int, str], float] = {}  # (page index, block text) -> font size
+        body_sizes: Counter[float] = Counter()
+        try:
+            for page in doc.pages():
+                number = page.number + 1
+                h = page.rect.height or 1.0
+                text_blocks = []
+                for bb, t, size in _page_blocks(page):
+                    text_blocks.append((bb, t))
+                    sizes[(page.number, t.strip())] = size
+                    body_sizes[round(size, 1)] += len(t)
+                full = "\n".join(t for _, t in text_blocks)
+                cover = _image_cover(page)
+                reason = ocr_reason(full, cover, _invisible_share(page) if cover >= 0.8 else 0.0)
+                if reason and options.ocr_engine != "none":
+                    if reason == "no-text" and cover == 0.0 and _is_blank(page):
+                        blank.append(number)
+                    elif len(ocr_pages) < options.ocr_max_pages:
+                        dpi = _render_dpi(page, src.path, options.ocr_dpi)
+                        pages.append(ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages))
+                        if dpi != options.ocr_dpi:
+                            ocr_pages[-1]["dpi"] = dpi
+                        ocr_done.add(page.number)
+                        chars += sum(len(t) for t, _ in pages[-1])
+                        if chars > options.max_chars:
+                            raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
+                        continue
+                    else:
+                        skipped_ocr.append(number)
+                chars += len(full)
+                if chars > options.max_chars:
+                    raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
+                tables = _page_tables(page) if options.pdf_tables else []
+                if tables:
+                    special[page.number] = [Block("table", md, number) for _, md in tables]
+                    text_blocks = [(bb, t) for bb, t in text_blocks if not any(_inside(bb, tb) for tb, _ in tables)]
+                band = MARGIN_BAND * h
+                top, bottom = page.rect.y0 + band, page.rect.y1 - band
+                pages.append([(t.strip(), ((bb[1] + bb[3]) / 2 - page.rect.y0) / h
+                               if bb[3] <= top or bb[1] >= bottom else None)
+                              for bb, t in text_blocks if t.strip()])
+        except (ParseError, MemoryError):
+            raise
+        except (OcrError, ConfigError) as exc:
+            raise ParseError(src.path, "ocr-error", f"OCR of page {number} failed: {exc}") from exc
+        except Exception as exc:
+            raise _mupdf_error(src.path, exc, f"PyMuPDF failed while reading page {number}") from exc
+    kept, removed = strip_running_lines(pages)
+    levels = heading_levels(body_sizes, sizes.values())
+    blocks: list[Block] = []
+    empty_pages: list[int] = []
+    for i, page_blocks in enumerate(kept):
+        page_out = list(special.get(i, []))
+        kind: BlockKind = "ocr" if i in ocr_done else "text"
+        for t in page_blocks:
+            cleaned = clean_text(t)
+            if not cleaned:
+                continue
+            level = levels.get(round(sizes.get((i, t), 0.0), 1))
+            if level and kind == "text" and looks_like_heading(cleaned):
+                page_out.append(Block("title", cleaned.replace("\n", " "), i + 1, level=level))
+            else:
+                page_out.append(Block(kind, cleaned, i + 1))
+        if not page_out:
+            empty_pages.append(i + 1)
+        blocks.extend(page_out)
+    if not blocks and repaired and len(blank) == page_count:
+        raise ParseError(src.path, "corrupt", f"damaged (MuPDF had to repair it) and none of its {page_count} "
+                         "pages has any content left (truncated?)")
+    if not blocks:
+        hint = ("OCR is off (CORPUSYNC_OCR_ENGINE=none)" if options.ocr_engine == "none" else
+                f"{len(blank)} blank pages (no text, images or drawings) were not OCRed"
+                + (", OCR found no text on the others" if len(blank) < page_count else "")
+                if blank else "OCR found no text either")
+        raise ParseError(src.path, "no-text", f"none of its {page_count} pages has a text layer; {hint}")
+    metadata: dict = {}
+    if empty_pages:
+        metadata["pages_without_text"] = empty_pages
+    if blank:
+        metadata["blank_pages"] = blank
+    if ocr_pages:
+        metadata["ocr_pages"] = ocr_pages
+        metadata["low_confidence_pages"] = [p["page"] for p in ocr_pages if p["low_confidence"]]
+    if skipped_ocr:
+        metadata["ocr_skipped_pages"] = skipped_ocr
+    engine = ocr_pages[0]["engine"].split(" ", 1) if ocr_pages else None
+    return ParsedDocument(
+        src, blocks, parser="pymupdf", parser_version=_version("PyMuPDF"),
+        media_type="application/pdf", page_count=page_count,
+        ocr_engine=engine[0] if engine else None, ocr_engine_version=engine[1] if engine else None,
+        metadata=metadata, cleaning={"removed_running_lines": removed} if removed else {},
+    )

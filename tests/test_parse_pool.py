@@ -1,0 +1,162 @@
+"""The parse worker pool (tasks/parse_worker.py, issue 13): crash, hang and memory isolation per document in a
+pool of two next to good documents, deadlines scaled by page count, a clock that starts after the worker's
+warm-up, results in input order, a memory limit that cannot be set still reported, a pool that broke between
+documents replaced. The parse functions below are module level: they travel to the spawned workers."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from corpusync.errors import ParseError
+from schemas.records import ParsedDocument, SourceFile
+from tasks.parse import ParseOptions, parse_document
+from tasks.parse_worker import MAX_SCALED_PAGES, ParsePool, parse_deadline_s
+from tests.faults import SetrlimitRefused, crashing_parser
+
+TXT = ["any.txt"]  # warm only the text parser: these pools start fast
+
+
+def source(path: Path) -> SourceFile:
+    data = path.read_bytes()
+    return SourceFile(path.name, path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
+
+
+def text_file(path: Path, text: str) -> SourceFile:
+    path.write_text(text)
+    return source(path)
+
+
+def slow_by_pages(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    """Takes 0.05 s per PDF page before parsing: a stand-in for OCR, whose time grows with the pages."""
+    with pymupdf.open(src.abs_path) as doc:
+        time.sleep(0.05 * doc.page_count)
+    return parse_document(src, options)
+
+
+def slow_when_named_slow(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    if "slow" in src.path:
+        time.sleep(1.5)
+    return parse_document(src, options)
+
+
+def dies_after_returning(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    """Parses, then kills its worker a moment later, while the worker is idle (the pool breaks)."""
+    if "die" in src.path:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return parse_document(src, options)
+
+
+def many_page_pdf(path: Path, pages: int) -> SourceFile:
+    doc = pymupdf.open()
+    for n in range(pages):
+        doc.new_page().insert_text((72, 72), f"Page {n + 1} of a long report about parsing.")
+    doc.save(path)
+    return source(path)
+
+
+def outcome(result: ParsedDocument | ParseError) -> str:
+    return result.reason if isinstance(result, ParseError) else "ok"
+
+
+def test_crash_hang_and_hog_in_a_pool_of_two_cost_only_themselves(tmp_path: Path) -> None:
+    names = ["good0", "crash", "good1", "hang", "good2", "hog", "good3", "good4"]
+    sources = [text_file(tmp_path / f"{n}.txt", f"Document {n}.\n\nSecond paragraph.") for n in names]
+    with ParsePool(ParseOptions(), workers=2, timeout_s=8, memory_mb=2048, parse=crashing_parser,
+                   warm_for=TXT) as pool:
+        results = list(pool.parse_many(sources))
+        restarts = pool.restarts
+    assert [src.path for src, _ in results] == [s.path for s in sources]  # input order
+    by_name = {src.path.removesuffix(".txt"): result for src, result in results}
+    assert {n: outcome(r) for n, r in by_name.items()} == {
+        "good0": "ok", "crash": "crashed", "good1": "ok", "hang": "timeout", "good2": "ok",
+        "hog": "out-of-memory", "good3": "ok", "good4": "ok"}
+    for n in ("good0", "good1", "good2", "good3", "good4"):
+        doc = by_name[n]
+        assert isinstance(doc, ParsedDocument) and doc.blocks[0].text == f"Document {n}."
+    crash, hang, hog = by_name["crash"], by_name["hang"], by_name["hog"]
+    assert isinstance(crash, ParseError) and "SIGSEGV" in crash.detail and crash.path == "crash.txt"
+    assert isinstance(hang, ParseError) and "8 s" in hang.detail
+    assert isinstance(hog, ParseError) and "2048 MiB" in hog.detail
+    assert restarts == 2  # the crashed and the hung worker were replaced; MemoryError leaves the worker usable
+
+
+def test_deadline_is_the_base_plus_a_time_per_page() -> None:
+    assert parse_deadline_s(None, 600, 5) == 600  # not a paged file
+    assert parse_deadline_s(0, 600, 5) == 600
+    assert parse_deadline_s(300, 600, 5) == 2100  # a 300-page scan gets 35 minutes, not 10
+    assert parse_deadline_s(300, 600, 0) == 600
+    assert parse_deadline_s(10**7, 1, 1) == 1 + MAX_SCALED_PAGES  # a hostile page count buys no days
+    assert parse_deadline_s(-4, 10, 1) == 10
+
+
+def test_a_long_pdf_gets_a_longer_deadline(tmp_path: Path) -> None:
+    """60 pages take 3 s: over a 1 s base, within 1 s + 60 x 0.1 s; the 2-page one is within the base."""
+    long, short = many_page_pdf(tmp_path / "long.pdf", 60), many_page_pdf(tmp_path / "short.pdf", 2)
+    with ParsePool(ParseOptions(), workers=2, timeout_s=1.0, timeout_per_page_s=0.1, memory_mb=4096,
+                   parse=slow_by_pages, warm_for=["x.pdf"]) as pool:
+        results = dict((s.path, r) for s, r in pool.parse_many([long, short]))
+    assert {p: outcome(r) for p, r in results.items()} == {"long.pdf": "ok", "short.pdf": "ok"}
+    doc = results["long.pdf"]
+    assert isinstance(doc, ParsedDocument) and "Page 60 of a long report" in " ".join(b.text for b in doc.blocks)
+
+    with ParsePool(ParseOptions(), workers=1, timeout_s=1.0, timeout_per_page_s=0.0, memory_mb=4096,
+                   parse=slow_by_pages, warm_for=["x.pdf"]) as pool:
+        (_, fixed), = pool.parse_many([long])
+    assert isinstance(fixed, ParseError) and fixed.reason == "timeout", fixed  # the base alone is too short
+    with ParsePool(ParseOptions(), workers=1, timeout_s=1.0, timeout_per_page_s=0.01, memory_mb=4096,
+                   parse=slow_by_pages, warm_for=["x.pdf"]) as pool:
+        (_, scaled), = pool.parse_many([long])
+    assert isinstance(scaled, ParseError) and scaled.reason == "timeout"
+    assert "1.6 s (1 s + 60 pages x 0.01 s)" in scaled.detail  # the deadline says how it was made
+
+
+def test_the_clock_starts_after_the_worker_warmed_up(tmp_path: Path) -> None:
+    """A fresh worker imports unstructured (~3 s) before its first Markdown file: not on that file's clock.
+    Before the pool, a 2 s timeout failed this innocent note in a fresh worker."""
+    note = text_file(tmp_path / "note.md", "# Note\n\nA short note.\n")
+    with ParsePool(ParseOptions(), workers=1, timeout_s=2.0, memory_mb=4096, warm_for=[note.path]) as pool:
+        assert [b.text for b in pool.parse(note).blocks] == ["Note", "A short note."]
+
+
+def test_results_in_input_order_or_as_they_finish(tmp_path: Path) -> None:
+    sources = [text_file(tmp_path / f"{name}.txt", f"Text of {name}.")
+               for name in ("slow-a", "b", "c", "d", "e")]
+    with ParsePool(ParseOptions(), workers=2, timeout_s=60, memory_mb=2048, parse=slow_when_named_slow,
+                   warm_for=TXT) as pool:
+        ordered = [src.path for src, _ in pool.parse_many(sources)]
+        finished = [src.path for src, _ in pool.parse_many(sources, ordered=False)]
+    assert ordered == ["slow-a.txt", "b.txt", "c.txt", "d.txt", "e.txt"]
+    assert sorted(finished) == sorted(ordered) and finished[-1] == "slow-a.txt"  # the other worker did b..e meanwhile
+
+
+def test_a_memory_limit_that_cannot_be_set_is_reported_once_per_pool(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tasks.parse_worker")
+    sources = [text_file(tmp_path / f"{name}.txt", "Plain text.") for name in ("a", "crash", "b", "c", "d")]
+    with ParsePool(ParseOptions(), workers=2, timeout_s=60, memory_mb=1024, parse=SetrlimitRefused(),
+                   warm_for=TXT) as pool:
+        assert [outcome(r) for _, r in pool.parse_many(sources)] == ["ok", "crashed", "ok", "ok", "ok"]
+        problem = pool.memory_limit_problem
+    assert problem and "1024 MiB" in problem and "not allowed to raise maximum limit" in problem
+    warnings = [r for r in caplog.records if "1024 MiB" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]  # three workers, one warning
+
+
+def test_a_pool_that_broke_between_documents_is_replaced(tmp_path: Path) -> None:
+    die = text_file(tmp_path / "die.txt", "Parsed, then the worker dies.")
+    good = text_file(tmp_path / "ok.txt", "Fine.")
+    with ParsePool(ParseOptions(), workers=1, timeout_s=30, memory_mb=2048, parse=dies_after_returning,
+                   warm_for=TXT) as pool:
+        assert pool.parse(die).blocks
+        time.sleep(1.5)  # the idle worker is killed: pebble declares its pool broken
+        assert [outcome(r) for _, r in pool.parse_many([good, good])] == ["ok", "ok"]
