@@ -43,3 +43,29 @@ class SetrlimitRefused:
 
     def __call__(self, src: SourceFile, options: ParseOptions) -> ParsedDocument:
         return crashing_parser(src, options)
+
+
+def scramble_parses(monkeypatch: Any, spare: str | None = None) -> None:
+    """Fault injection: a 'parser upgrade' that scrambles every document's characters (but `spare`'s), so
+    the evaluation gate refuses the candidate. In-process: needs CORPUSYNC_PARSE_ISOLATION=false."""
+    import random
+
+    from tasks import parse as parse_stage
+
+    original = parse_stage.parse_document
+
+    def broken(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+        doc = original(src, options)
+        if src.path == spare:
+            return doc
+        rnd = random.Random(src.sha256)
+        blocks = []
+        for b in doc.blocks:
+            chars = list(b.text)
+            rnd.shuffle(chars)
+            blocks.append(type(b)(b.kind, "".join(chars), b.page, b.level))
+        doc.blocks = blocks
+        return doc
+
+    monkeypatch.setattr(parse_stage, "parse_document", broken)
+    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda *a: "scrambling-parser-2.0")

@@ -5,7 +5,6 @@ the override publishes and is recorded, and `corpusync eval --gate` catches the 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,8 @@ from typing import Any
 import pytest
 
 from corpusync.cli import main
-from tasks import parse as parse_stage
 from tests.conftest import REPO, SAMPLE
+from tests.faults import scramble_parses
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 
@@ -39,25 +38,6 @@ def env(settings: Any, goldset: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CORPUSYNC_GOLDSETS", json.dumps([str(goldset)]))
     monkeypatch.setenv("CORPUSYNC_PARSE_ISOLATION", "false")  # the fault is injected in this process
     return settings
-
-
-def _scrambling_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fault injection: a 'parser upgrade' that scrambles every document's characters."""
-    original = parse_stage.parse_document
-
-    def broken(src: Any, options: Any) -> Any:
-        doc = original(src, options)
-        rnd = random.Random(src.sha256)
-        blocks = []
-        for b in doc.blocks:
-            chars = list(b.text)
-            rnd.shuffle(chars)
-            blocks.append(type(b)(b.kind, "".join(chars), b.page, b.level))
-        doc.blocks = blocks
-        return doc
-
-    monkeypatch.setattr(parse_stage, "parse_document", broken)
-    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda *a: "scrambling-parser-2.0")
 
 
 def _state(conn: Any) -> tuple[int, list[tuple[int, str]]]:
@@ -89,7 +69,7 @@ def test_gate_passes_harmless_change_and_refuses_broken_candidate(
     before = json.loads(capsys.readouterr().out)
 
     # generation 3: a scrambling parser re-parses everything -> refused, exit 1, generation 2 stays live
-    _scrambling_parser(monkeypatch)
+    scramble_parses(monkeypatch)
     assert main(["refresh", str(corpus)]) == 1
     err = capsys.readouterr().err
     assert "not published: retrieval regressed" in err and "Generation 2 stays live" in err

@@ -12,7 +12,8 @@ from uuid import UUID
 import pytest
 
 from corpusync.errors import EvalGateFailed
-from tests.test_eval_gate import _scrambling_parser, env, goldset  # noqa: F401 (fixtures)
+from tests.faults import scramble_parses
+from tests.test_eval_gate import env, goldset  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 
@@ -56,7 +57,7 @@ def test_prefect_shows_summary_evaluation_logs_and_tags(  # type: ignore[no-unty
         view["run"].parameters, default=str)
 
     # a refused candidate: the summary and the evaluation report (inline, marked refused) still show
-    _scrambling_parser(monkeypatch)
+    scramble_parses(monkeypatch)
     with pytest.raises(EvalGateFailed):
         refresh(str(corpus), settings=settings)
     refused_run = conn.execute("SELECT max(id) FROM corpusync.runs").fetchone()[0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 from corpusync import db
 from corpusync.errors import EvalGateFailed
 from tests.conftest import REPO, SAMPLE, _db_url
+from tests.faults import scramble_parses
 from tests.test_refresh_flow import live, run
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
@@ -184,30 +184,6 @@ def _gold(corpus: Path, path: Path) -> Path:
     return path
 
 
-def _scrambling_parser(monkeypatch: pytest.MonkeyPatch, spare: str) -> None:
-    """Fault injection (as tests/test_eval_gate.py): a 'parser upgrade' scrambling every document's characters
-    but `spare`'s, so the gate refuses the candidate."""
-    from tasks import parse as parse_stage
-
-    original = parse_stage.parse_document
-
-    def broken(src: Any, options: Any) -> Any:
-        doc = original(src, options)
-        if src.path == spare:
-            return doc
-        rnd = random.Random(src.sha256)
-        blocks = []
-        for b in doc.blocks:
-            chars = list(b.text)
-            rnd.shuffle(chars)
-            blocks.append(type(b)(b.kind, "".join(chars), b.page, b.level))
-        doc.blocks = blocks
-        return doc
-
-    monkeypatch.setattr(parse_stage, "parse_document", broken)
-    monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda *a: "scrambling-parser-2.0")
-
-
 def _known(conn: psycopg.Connection) -> set[str]:
     """Every text hash with a vector in the database (chunks of any version, and the cache)."""
     return {r[0] for r in conn.execute("SELECT text_sha256 FROM corpusync.chunks UNION "
@@ -226,7 +202,7 @@ def test_gate_refusal_then_fix_embeds_only_what_changed(  # type: ignore[no-unty
     new = "en/Amazon_rainforest.md"
     (corpus / new).write_bytes((SAMPLE / new).read_bytes())
     with monkeypatch.context() as m:
-        _scrambling_parser(m, spare=new)
+        scramble_parses(m, spare=new)
         with pytest.raises(EvalGateFailed) as refused:
             run(gated, corpus)
     summary = refused.value.summary  # type: ignore[attr-defined]
