@@ -57,8 +57,8 @@ def evaluate(ctx: RefreshContext, generation: int | None) -> None:
         pipeline.step_evaluate(ctx, generation)
     finally:  # the report inline, also when the gate refused the candidate
         if ctx.evaluation_report:
-            publish_evaluation(ctx.evaluation_report, refused=bool(ctx.summary.evaluation) and not all(
-                e.get("passed") is not False for e in ctx.summary.evaluation))
+            publish_evaluation(ctx.evaluation_report,
+                               refused=any(e.get("passed") is False for e in ctx.summary.evaluation))
 
 
 @task(name="publish", cache_policy=NO_CACHE)
