@@ -25,7 +25,7 @@ from corpusync.errors import ConfigError
 from evaluation.gate import gate_checks
 from schemas.settings import Settings
 from tests.conftest import REPO, SAMPLE
-from tests.test_eval_gate import _scrambling_parser
+from tests.faults import scramble_parses
 
 DB = [pytest.mark.flow, pytest.mark.db]
 
@@ -185,7 +185,7 @@ def test_ragas_gated_and_baseline_is_the_same_question_set(
     # stored evaluation of the edited gold set on generation 2
     monkeypatch.setenv("CORPUSYNC_GATE_TOLERANCES", json.dumps({"id_based_context_recall": 0.02}))
     monkeypatch.setenv("CORPUSYNC_GATE_FLOORS", "{}")
-    _scrambling_parser(monkeypatch)
+    scramble_parses(monkeypatch)
     assert main(["refresh", str(corpus), "--json"]) == 1
     run = conn.execute("SELECT status, counts FROM corpusync.runs ORDER BY id DESC LIMIT 1").fetchone()
     assert run[0] == "refused"
