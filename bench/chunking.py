@@ -44,9 +44,9 @@ def main() -> None:
     args = ap.parse_args()
     from prefect.testing.utilities import prefect_test_harness
 
+    from corpusync.evaluating import evaluate_and_gate
     from flows.refresh import refresh
     from query.search import Searcher
-    from tasks.evaluate import evaluate_and_gate
 
     shutil.rmtree(args.work, ignore_errors=True)
     corpus = args.work / "corpus"

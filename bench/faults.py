@@ -65,9 +65,9 @@ def _install_hooks(marks: str, pause: str) -> None:
     import contextlib
     import functools
 
-    import tasks.load
     import tasks.parse_worker
     from corpusync import pipeline, progress, runtime
+    from corpusync.store import runs
 
     fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     where, _, nth = pause.partition("@")
@@ -135,7 +135,7 @@ def _install_hooks(marks: str, pause: str) -> None:
     mark("start", "startup")
     for step in STEPS:
         setattr(pipeline, f"step_{step}", wrap(step, getattr(pipeline, f"step_{step}")))
-    tasks.load.recover = wrap("recover", tasks.load.recover)
+    runs.recover = wrap("recover", runs.recover)
     runtime._finish = wrap("finish", runtime._finish)
     progress.stage = stage
 

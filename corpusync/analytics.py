@@ -305,24 +305,19 @@ def export_parquet(
     import pyarrow.parquet as pq
 
     from corpusync.errors import CorpusyncError
+    from corpusync.store import exports, generations
 
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    row = conn.execute("SELECT published_generation FROM corpusync.index_state").fetchone()
-    gen = generation if generation is not None else (row[0] if row else 0)
-    known = conn.execute("SELECT g.generation, m.dimension, m.name FROM corpusync.generations g "
-                         "JOIN corpusync.embedding_models m ON m.id = g.model_id WHERE g.generation = %s",
-                         (gen,)).fetchone()
+    published = generations.published_generation(conn)
+    gen = generation if generation is not None else (published if published is not None else 0)
+    known = generations.generation_model(conn, gen)
     if known is None:
         raise CorpusyncError(f"generation {gen} does not exist (is the index empty?)")
-    dimension = int(known[1])
+    dimension = int(known["dimension"])
     schema = _chunk_schema(vectors, dimension).with_metadata(
-        {"corpusync.generation": str(gen), "corpusync.model": str(known[2]),
+        {"corpusync.generation": str(gen), "corpusync.model": str(known["model_name"]),
          "corpusync.dimension": str(dimension)})
-    cols = ", ".join(f"x.{name}" for name, _ in CHUNK_COLUMNS)
-    dense = ", c.dense::vector::real[] AS dense" if vectors else ""
-    join = " JOIN corpusync.chunks c ON c.id = x.chunk_id" if vectors else ""
-    sql = f"SELECT {cols}{dense} FROM corpusync.chunks_at(%s) x{join} ORDER BY x.source_path, x.ordinal, x.chunk_id"
     names = schema.names
     json_col = names.index("chunk_config")
     out = Path(path)
@@ -330,11 +325,9 @@ def export_parquet(
     tmp = out.with_name(out.name + ".partial")
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, schema) as writer, conn.transaction(), \
-                conn.cursor(name="corpusync_export") as cur:
-            cur.itersize = batch_size
-            cur.execute(sql, (gen,))
-            while batch := cur.fetchmany(batch_size):
+        with pq.ParquetWriter(tmp, schema) as writer, exports.chunk_batches(
+                conn, gen, [name for name, _ in CHUNK_COLUMNS], vectors=vectors, batch_size=batch_size) as batches:
+            for batch in batches:
                 columns: list[list[Any]] = [list(c) for c in zip(*batch, strict=True)]
                 columns[json_col] = [None if v is None else json.dumps(v, ensure_ascii=False, sort_keys=True)
                                      for v in columns[json_col]]

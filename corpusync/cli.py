@@ -276,9 +276,9 @@ def eval_cmd(
 ) -> None:
     """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG, search latency per mode, hybrid+rerank when a
     reranker is configured; RAGAS), one report per gold set. Exit 0 pass, 1 regression, 2 error."""
+    from corpusync.evaluating import evaluate_and_gate
     from corpusync.runtime import open_database
     from query.search import Searcher
-    from tasks.evaluate import evaluate_and_gate
 
     settings = _settings()
     with open_database(settings) as conn:
@@ -342,10 +342,11 @@ def tune(
     """Fit the hybrid fusion (channel weights, RRF k) on gold sets by k-fold cross-validation, print held-in
     and held-out gains, and store it with the index: query, the SQL functions and the gate then use it."""
     from corpusync.runtime import open_database
+    from corpusync.tuning import tune_fusion
     from evaluation.goldsets import load_goldset, sample_questions
     from query.search import Searcher
     from tasks.evaluate import require_goldsets
-    from tasks.tune import describe, tune_fusion
+    from tasks.tune import describe
 
     settings = _settings()
     specs = goldset or settings.goldsets
@@ -366,7 +367,7 @@ def tune(
 def rollback() -> None:
     """Make the previous generation live again (instant; one UPDATE)."""
     from corpusync.runtime import open_database
-    from tasks.publish import rollback as do_rollback
+    from corpusync.store.generations import rollback as do_rollback
 
     with open_database(_settings()) as conn:
         before, after = do_rollback(conn)
@@ -377,7 +378,7 @@ def rollback() -> None:
 def prune() -> None:
     """Delete rows that fell out of the retention window (a refresh does this too)."""
     from corpusync.runtime import acquire_writer_lock, open_database
-    from tasks.prune import prune as do_prune
+    from corpusync.store.generations import prune as do_prune
 
     settings = _settings()
     with open_database(settings) as conn:
@@ -393,20 +394,21 @@ def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
     from corpusync import db
     from corpusync.runtime import open_database
+    from corpusync.store.generations import index_state, recent_generations
+    from corpusync.store.status import row_counts, server_versions
     from query.search import SERVABLE
 
     settings = _settings()
     loc = db.resolve_database(settings)
     with open_database(settings) as conn:
-        pg = conn.execute("SHOW server_version").fetchone()
-        vec = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        state = db.fetch_one(conn, "index_state") or {}
-        counts = db.fetch_one(conn, "db_counts") or {}
-        generations = db.fetch_all(conn, "generations_list")
+        pg, vec = server_versions(conn)
+        state = index_state(conn) or {}
+        counts = row_counts(conn)
+        generations = recent_generations(conn)
     info = {
         "database": db.redact(loc.url), "embedded": loc.embedded,
         "data_directory": str(loc.pgdata) if loc.pgdata else None,
-        "postgresql": pg[0] if pg else None, "pgvector": vec[0] if vec else None,
+        "postgresql": pg, "pgvector": vec,
         "published_generation": state.get("published_generation"), "model": state.get("model_name"),
         "model_dimension": state.get("dimension"), "counts": counts,
         "generations": [{**g, "searchable": g["status"] in SERVABLE} for g in generations],

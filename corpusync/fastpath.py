@@ -15,9 +15,9 @@ from typing import Any
 from corpusync import pipeline
 from corpusync.embedders import Embedder, build_embedder
 from corpusync.runtime import open_database, writer_session
+from corpusync.store import generations, versions
 from schemas.settings import Settings
 from tasks import discover as discover_stage
-from tasks import load as load_stage
 from tasks.diff import RetryPolicy, diff
 
 
@@ -31,13 +31,13 @@ def looks_unchanged(settings: Settings, source: Path) -> bool:
     """True when the published generation already serves `source` as the pipeline would build it (nothing
     new, changed, deleted, or due for a retry). Read-only: no lock, no run record."""
     with open_database(settings) as conn:
-        state = conn.execute("SELECT published_generation FROM corpusync.index_state").fetchone()
-        if not state or not state[0]:
+        published = generations.published_generation(conn)
+        if not published:
             return False
         files, problems = discover_stage.discover(source, settings.include_globs, settings.exclude_globs)
         fingerprint = pipeline.pipeline_fingerprint(_Configured(settings))
-        plan = diff(files, load_stage.live_versions(conn, int(state[0])), fingerprint,
-                    load_stage.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings))
+        plan = diff(files, versions.live_versions(conn, published), fingerprint,
+                    versions.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings))
     unreadable = {p.path for p in problems}
     return not (plan.new or plan.changed or plan.to_process
                 or any(v.path not in unreadable for v in plan.deleted))

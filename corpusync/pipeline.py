@@ -15,6 +15,7 @@ from corpusync import lexical, progress
 from corpusync.embedders import Embedder
 from corpusync.errors import EvalGateFailed, ParseError
 from corpusync.runtime import RefreshContext
+from corpusync.store import generations, vector_cache, versions
 from corpusync.vectors import VectorTable
 from schemas.records import (
     ChunkedDocument,
@@ -30,7 +31,6 @@ from tasks import discover as discover_stage
 from tasks import embed as embed_stage
 from tasks import load as load_stage
 from tasks import parse as parse_stage
-from tasks import prune as prune_stage
 from tasks import publish as publish_stage
 from tasks.diff import RetryPolicy, diff, with_state
 from tasks.parse_worker import ParsePool, default_workers
@@ -84,14 +84,12 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
     with ctx.timed("diff"):
         identity = ctx.embedder.identity
         if ctx.published_model_id is not None:
-            from corpusync import db
-
-            row = db.fetch_one(ctx.conn, "find_model", {"identity_hash": identity.identity_hash})
-            load_stage.check_model(ctx.published_model_id, row["id"] if row else -1,
+            model_id = versions.find_model(ctx.conn, identity.identity_hash)
+            load_stage.check_model(ctx.published_model_id, model_id if model_id is not None else -1,
                                    ctx.published_model_label, identity.label, ctx.reembed)
         fp = pipeline_fingerprint(ctx)
-        live = load_stage.live_versions(ctx.conn, ctx.base_generation)
-        quarantined = load_stage.latest_quarantine(ctx.conn)
+        live = versions.live_versions(ctx.conn, ctx.base_generation)
+        quarantined = versions.latest_quarantine(ctx.conn)
         files = found.files
         unsupported = [f for f in files if not parse_stage.supported(f.path)]
         plan = diff(files, live, fp, quarantined, retry=RetryPolicy.from_settings(ctx.settings))
@@ -105,7 +103,7 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         d = ctx.summary.documents  # booked first: a refusal below reports what it refused
         d.new, d.changed, d.unchanged = len(plan.new), len(plan.changed), len(plan.unchanged)
         d.deleted, d.renamed = len(plan.deleted), len(plan.renamed)
-        reference = publish_stage.mass_delete_reference(ctx.conn, ctx.settings.mass_delete_window_h)
+        reference = generations.mass_delete_reference(ctx.conn, ctx.settings.mass_delete_window_h)
         publish_stage.check_mass_delete(plan, ctx.settings.max_delete_fraction, ctx.allow_mass_delete, reference)
         ctx.summary.renamed = [{"from": a.path, "to": b.path} for a, b in plan.renamed]
         _quarantine(ctx, found.problems, fp)
@@ -146,8 +144,8 @@ def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprin
     how many identical failures in a row since when, and when a temporary cause is retried."""
     if not records:
         return
-    written = load_stage.record_quarantine(ctx.conn, ctx.run_id, fingerprint, records)
-    states = load_stage.latest_quarantine(ctx.conn, [r.path for r in records])
+    written = versions.record_quarantine(ctx.conn, ctx.run_id, fingerprint, records)
+    states = versions.latest_quarantine(ctx.conn, [r.path for r in records])
     policy = RetryPolicy.from_settings(ctx.settings)
     _report_only(ctx, [with_state(r, states.get(r.path), policy, repeated=r.path not in written) for r in records])
 
@@ -223,11 +221,11 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
     if not chunked:
         return []
     with ctx.timed("embed"):
-        ctx.model_id = model_id = load_stage.register_model(ctx.conn, ctx.embedder.identity)
+        ctx.model_id = model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
         identity = ctx.embedder.identity
         stored = (VectorTable.empty(identity.dimension, identity.sparse_trained) if ctx.reembed else
-                  load_stage.stored_vectors(ctx.conn, ctx.model_id, (c.text_sha256 for d in chunked for c in d.chunks),
-                                            dimension=identity.dimension, sparse=identity.sparse_trained))
+                  vector_cache.stored_vectors(ctx.conn, model_id, (c.text_sha256 for d in chunked for c in d.chunks),
+                                              dimension=identity.dimension, sparse=identity.sparse_trained))
         total = sum(len(d.chunks) for d in chunked)
         with progress.stage("embed", total - sum(1 for d in chunked for c in d.chunks
                                                  if c.text_sha256 in stored.rows)) as bar:
@@ -235,7 +233,7 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
             sparse_dim = identity.sparse_dim if identity.sparse_trained else None
 
             def keep(hashes: list[str], out: embed_stage.EmbeddingOutput) -> None:  # durable per batch
-                load_stage.cache_vectors(ctx.conn, model_id, hashes, out.dense, out.sparse, sparse_dim)
+                vector_cache.cache_vectors(ctx.conn, model_id, hashes, out.dense, out.sparse, sparse_dim)
 
             embedded, stats = embed_stage.embed_documents(
                 chunked, ctx.embedder, stored, ctx.settings.embed_batch_tokens, bar.advance,
@@ -277,20 +275,20 @@ def step_load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffP
         return None
     with ctx.timed("load"), progress.stage("load", len(embedded)) as bar:
         if ctx.model_id is None:
-            ctx.model_id = load_stage.register_model(ctx.conn, ctx.embedder.identity)
-        ctx.generation = publish_stage.create_candidate(ctx.conn, ctx.run_id, ctx.model_id)
+            ctx.model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
+        ctx.generation = generations.create_candidate(ctx.conn, ctx.run_id, ctx.model_id)
         identity = ctx.embedder.identity
-        inserted, retired = load_stage.load_documents(
+        inserted, retired = versions.load_documents(
             ctx.conn, embedded, run_id=ctx.run_id, generation=ctx.generation, model_id=ctx.model_id,
             fingerprint=pipeline_fingerprint(ctx), chunk_config=chunk_config(ctx).as_dict(),
             sparse_dim=identity.sparse_dim if identity.sparse_trained else None, on_document=bar.advance,
         )
         if ctx.reembed and ctx.published_model_id not in (None, ctx.model_id):
             # A model switch: every live document not re-embedded above leaves this generation.
-            stale = [v.version_id for v in load_stage.live_versions(ctx.conn, ctx.base_generation)
+            stale = [v.version_id for v in versions.live_versions(ctx.conn, ctx.base_generation)
                      if v.path not in loaded_paths]
             deleted = sorted(set(deleted) | set(stale))
-        retired += load_stage.retire(ctx.conn, deleted, ctx.generation)
+        retired += versions.retire(ctx.conn, deleted, ctx.generation)
     ctx.summary.chunks.inserted = inserted
     ctx.summary.chunks.retired = retired
     return ctx.generation
@@ -302,12 +300,12 @@ def step_evaluate(ctx: RefreshContext, generation: int | None) -> str | None:
     Returns the Markdown report (None when there is nothing to evaluate)."""
     if generation is None or not ctx.settings.goldsets:
         return None
+    from corpusync.evaluating import evaluate_and_gate
     from query.search import Searcher
-    from tasks.evaluate import evaluate_and_gate
 
     searcher = Searcher(ctx.settings, ctx.conn, ctx.embedder, candidates=True)
     with ctx.timed("tune"):
-        from tasks.tune import auto_tune
+        from corpusync.tuning import auto_tune
 
         tuned = auto_tune(ctx.settings, ctx.conn, searcher, generation)
     if tuned is not None:
@@ -340,7 +338,7 @@ def step_publish(ctx: RefreshContext, generation: int | None) -> None:
         return
     assert ctx.model_id is not None
     with ctx.timed("publish"):
-        publish_stage.publish(ctx.conn, generation, ctx.base_generation, ctx.model_id)
+        generations.publish(ctx.conn, generation, ctx.base_generation, ctx.model_id)
     ctx.summary.status = "published"
     ctx.summary.published = True
     ctx.summary.generation = generation
@@ -348,5 +346,5 @@ def step_publish(ctx: RefreshContext, generation: int | None) -> None:
 
 def step_prune(ctx: RefreshContext) -> None:
     with ctx.timed("prune"):
-        result = prune_stage.prune(ctx.conn, ctx.settings.retention_generations, ctx.settings.vector_cache_ttl_h)
+        result = generations.prune(ctx.conn, ctx.settings.retention_generations, ctx.settings.vector_cache_ttl_h)
     ctx.summary.chunks.pruned = result["chunks"]

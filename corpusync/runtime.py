@@ -22,6 +22,7 @@ import psycopg
 from corpusync import __version__, db
 from corpusync.embedders import FlagEmbedder, build_embedder
 from corpusync.errors import EvalGateFailed, MassDeleteRefused, ModelMismatch, WriterBusy
+from corpusync.store import generations, runs
 from schemas.records import RunSummary
 from schemas.settings import Settings, config_hash
 
@@ -88,17 +89,13 @@ def acquire_writer_lock(conn: psycopg.Connection, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     waiting = False
     while True:
-        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (db.WRITER_LOCK_KEY,)).fetchone()
-        if got and got[0]:
+        if runs.try_writer_lock(conn):
             return
         if not waiting and timeout_s > 0:
             waiting = True
             log.warning("another writer holds the lock of this index; waiting up to %.0f s for it", timeout_s)
         if time.monotonic() >= deadline:
-            holder = conn.execute(
-                "SELECT id, started_at, hostname, pid FROM corpusync.runs WHERE status = 'running' "
-                "ORDER BY id DESC LIMIT 1"
-            ).fetchone()
+            holder = runs.running_run(conn)
             who = (f" (run {holder[0]} started {holder[1]:%Y-%m-%d %H:%M:%S} on {holder[2]}, pid {holder[3]})"
                    if holder else "")
             longer = f" longer than {timeout_s:g} s" if timeout_s > 0 else ""
@@ -121,25 +118,20 @@ def writer_session(
     prefect_flow_run_id: str | None = None,
 ) -> Iterator[RefreshContext]:
     """Lock, record the run, recover from crashed candidates; on exit, finalise the run record."""
-    from tasks.load import recover
+    from corpusync.store.runs import recover
 
     conn = open_database(settings)
     try:
         acquire_writer_lock(conn, settings.lock_timeout_s)
-        state = db.fetch_one(conn, "index_state")
+        state = generations.index_state(conn)
         assert state is not None
         config = settings.lineage_config() | {"allow_mass_delete": allow_mass_delete, "reembed": reembed,
                                               "skip_gate": skip_gate}
-        with conn.transaction():
-            row = db.fetch_one(conn, "start_run", {
-                "kind": "refresh", "source_root": str(source.resolve()), "config": db.as_json(config),
-                "config_hash": config_hash(config), "code_version": code_version(),
-                "base_generation": state["published_generation"], "model_id": state["model_id"],
-                "prefect_flow_run_id": prefect_flow_run_id, "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-            })
-        assert row is not None
-        run_id = int(row["id"])
+        run_id = runs.start_run(
+            conn, kind="refresh", source_root=str(source.resolve()), config=config,
+            config_hash=config_hash(config), code_version=code_version(),
+            base_generation=state["published_generation"], model_id=state["model_id"],
+            prefect_flow_run_id=prefect_flow_run_id, hostname=socket.gethostname(), pid=os.getpid())
         base = int(state["published_generation"])
         ctx = RefreshContext(
             settings=settings, conn=conn, run_id=run_id, source_root=source, base_generation=base,
@@ -185,16 +177,11 @@ def _finish(ctx: RefreshContext, status: str, message: str) -> None:
     s.candidate_generation = ctx.generation
     if ctx.generation is not None and not s.published and status in {"failed", "refused"}:
         try:
-            from tasks.publish import mark_generation
-
-            mark_generation(ctx.conn, ctx.generation, "refused" if status == "refused" else "discarded")
+            generations.mark_generation(ctx.conn, ctx.generation, "refused" if status == "refused" else "discarded")
         except psycopg.Error:
             ctx.conn.rollback()
     counts: dict[str, Any] = {"documents": s.documents.model_dump(), "chunks": s.chunks.model_dump(),
                               "quarantined": s.quarantined, "renamed": s.renamed,
                               "evaluation": s.evaluation, "validation": s.validation}
-    with ctx.conn.transaction():
-        db.execute(ctx.conn, "finish_run", {
-            "run_id": ctx.run_id, "status": status, "generation": s.generation, "published": s.published,
-            "counts": db.as_json(counts), "timings": db.as_json(s.timings), "message": message or None,
-        })
+    runs.finish_run(ctx.conn, ctx.run_id, status=status, generation=s.generation, published=s.published,
+                    counts=counts, timings=s.timings, message=message or None)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
 
-from schemas.eval import GoldQuestion, GoldRef
+from schemas.eval import ChunkRef, GoldQuestion, GoldRef
 
 _NGRAM = 8
 _OVERLAP = 0.5
@@ -62,22 +62,6 @@ def overlaps(chunk_text: str, evidence: str) -> bool:
         return False
     shared = len(a & b)
     return shared >= _OVERLAP * len(a) or shared >= _OVERLAP * len(b)
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    chunk_id: int
-    path: str
-    text: str
-    page_start: int | None = None
-    page_end: int | None = None
-
-    def covers(self, pages: Iterable[int]) -> bool:
-        """The chunk's page span includes one of `pages` (never, without page numbers)."""
-        if self.page_start is None:
-            return False
-        end = self.page_end if self.page_end is not None else self.page_start
-        return any(self.page_start <= p <= end for p in pages)
 
 
 @dataclass

@@ -36,8 +36,8 @@ def evaluate(
         gate_tolerances: Tolerated drop per metric; unset: CORPUSYNC_GATE_TOLERANCES.
         gate_floors: Absolute minimum per metric; unset: CORPUSYNC_GATE_FLOORS.
     """
+    from corpusync.evaluating import evaluate_and_gate
     from query.search import Searcher
-    from tasks.evaluate import evaluate_and_gate
 
     settings = flow_settings(gate_tolerances=gate_tolerances, gate_floors=gate_floors)
     with open_database(settings) as conn:

@@ -27,7 +27,7 @@ def prune(
             CORPUSYNC_RETENTION_GENERATIONS.
         lock_timeout_s: Seconds to wait for a refresh's writer lock; unset: CORPUSYNC_LOCK_TIMEOUT_S.
     """
-    from tasks.prune import prune as do_prune
+    from corpusync.store.generations import prune as do_prune
 
     settings = flow_settings(retention_generations=retention_generations, lock_timeout_s=lock_timeout_s)
     with open_database(settings) as conn:

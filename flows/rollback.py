@@ -12,7 +12,7 @@ from flows.base import flow_settings, settings_flow
 @settings_flow(name="corpusync-rollback", log_prints=False)
 def rollback() -> dict[str, int]:
     """Make the previous generation live again; fails (RollbackError) when no earlier one is retained."""
-    from tasks.publish import rollback as do_rollback
+    from corpusync.store.generations import rollback as do_rollback
 
     with open_database(flow_settings()) as conn:
         before, after = do_rollback(conn)

@@ -13,12 +13,13 @@ from typing import Any, Literal
 
 import psycopg
 from pgvector import HalfVector, SparseVector
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from corpusync import db, lexical
+from corpusync import lexical
 from corpusync.embedders import Embedder, build_embedder
 from corpusync.errors import CorpusyncError, ModelMismatch
+from corpusync.store import fusions, generations
+from corpusync.store.search import search_rows
 from evaluation.fusion import CHANNELS, Fusion
 from schemas.settings import Settings
 
@@ -110,7 +111,7 @@ class Searcher:
         (on this generation or an earlier one that was not refused), then RRF with weight 1 and k 60."""
         key = (model_id, generation)
         if key not in self._fusions:  # the stored row is read once per searcher
-            row = db.fetch_one(self.conn, "latest_fusion", {"model_id": model_id, "generation": generation})
+            row = fusions.latest_fusion(self.conn, model_id, generation)
             self._fusions[key] = Fusion.from_dict(row) if row else Fusion()
         stored = self._fusions[key]
         weights = {c: float(self.settings.rrf_weights.get(c, stored.weights.get(c, 1.0))) for c in CHANNELS}
@@ -121,7 +122,7 @@ class Searcher:
         self._fusions.clear()
 
     def published_generation(self) -> int:
-        state = db.fetch_one(self.conn, "index_state")
+        state = generations.index_state(self.conn)
         assert state is not None
         if not state["published_generation"]:
             raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
@@ -134,13 +135,13 @@ class Searcher:
     def _index_model(self, generation: int | None) -> dict[str, Any]:
         """Generation, status and model a search reads: read once, so the query is embedded with the model
         of the very generation it is answered from (a publish in between cannot mix models)."""
-        state = db.fetch_one(self.conn, "index_state")
+        state = generations.index_state(self.conn)
         assert state is not None
         if generation is None or generation == state["published_generation"]:
             if state["model_id"] is None:
                 raise CorpusyncError("the index is empty: run `corpusync refresh PATH` first")
             return {**state, "status": "published"}
-        row = db.fetch_one(self.conn, "generation_model", {"generation": generation})
+        row = generations.generation_model(self.conn, generation)
         if row is None:
             raise CorpusyncError(f"generation {generation} does not exist")
         status = row["status"]
@@ -214,10 +215,7 @@ class Searcher:
             "rrf_k": fusion.rrf_k, "pool": pool, "k1": self.settings.bm25_k1, "b": self.settings.bm25_b,
         }
         try:
-            with self.conn.transaction():
-                self.conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
-                    sql.Literal(max(self.settings.hnsw_ef_search, pool))))
-                rows = db.fetch_all(self.conn, "search", params)
+            rows = search_rows(self.conn, params, max(self.settings.hnsw_ef_search, pool))
         except psycopg.errors.RaiseException as exc:  # the SQL function's own, user-facing errors
             raise CorpusyncError(str(exc.diag.message_primary or exc)) from None
         except psycopg.errors.InvalidDatetimeFormat as exc:

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 from corpusync import db
 from corpusync.embedders import Embedder, EmbeddingOutput, ModelIdentity, build_embedder
 from corpusync.errors import CorpusyncError, DatabaseError
+from corpusync.store import generations
 from query.search import Hit, Searcher
 from schemas.settings import Settings
 
@@ -250,7 +251,7 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
         pool: SearcherPool = request.app.state.pool
         try:
             with pool.searcher() as s:
-                state = db.fetch_one(s.conn, "index_state") or {}
+                state = generations.index_state(s.conn) or {}
         except (CorpusyncError, psycopg.Error) as exc:
             log.warning("health check failed: %s", exc)
             return JSONResponse({"status": "unavailable", "database": "unreachable",

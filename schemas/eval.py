@@ -4,7 +4,7 @@ of the metrics a gate threshold may name (here, so settings can check them witho
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -122,6 +122,24 @@ class GoldSet(BaseModel):
     def _default_key(self) -> GoldSet:
         self.key = self.key or self.name
         return self
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """A chunk of a generation as relevance judges it (corpusync.store.evaluations.gold_chunks reads them)."""
+
+    chunk_id: int
+    path: str
+    text: str
+    page_start: int | None = None
+    page_end: int | None = None
+
+    def covers(self, pages: Iterable[int]) -> bool:
+        """The chunk's page span includes one of `pages` (never, without page numbers)."""
+        if self.page_start is None:
+            return False
+        end = self.page_end if self.page_end is not None else self.page_start
+        return any(self.page_start <= p <= end for p in pages)
 
 
 class QuestionResult(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -38,6 +38,15 @@ class LiveVersion:
     content_sha256: str
     pipeline_fingerprint: str
     chunk_count: int
+
+
+class RunHolder(NamedTuple):
+    """The newest run still marked running: who holds the writer lock (corpusync.store.runs.running_run)."""
+
+    run_id: int
+    started_at: datetime
+    hostname: str | None
+    pid: int | None
 
 
 @dataclass(frozen=True, slots=True)

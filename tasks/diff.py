@@ -5,7 +5,8 @@ Quarantine causes come in two kinds (TEMPORARY_REASONS is the one place that dec
 (a timeout on a busy machine, a worker killed by the system) is retried with a bounded exponential back-off
 in wall time (RetryPolicy, settings quarantine_retry_*); a permanent one (corrupt, encrypted, empty, ...) is
 skipped until the file's content or the pipeline fingerprint changes. The back-off state is derived from the
-quarantine history (tasks/load.py latest_quarantine): how many identical failures in a row, the last one when.
+quarantine history (corpusync.store.versions.latest_quarantine): how many identical failures in a row, the
+last one when.
 """
 
 from __future__ import annotations

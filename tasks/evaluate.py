@@ -1,7 +1,9 @@
-"""evaluate: score a generation against gold sets, store the result, and gate it against the baseline.
+"""evaluate: score a generation against gold sets and gate it against the baseline: the pure half.
 
-The metrics, relevance rules and the gate itself are pure functions in evaluation/; this module reads the
-generation from PostgreSQL, runs the queries, and stores evaluations (aggregate + per question).
+The metrics, relevance rules and the gate itself are pure functions in evaluation/; this module runs a gold
+set's questions through a Searcher (the query layer) and scores them, given the generation's chunks of the
+gold documents. Reading and storing evaluations, finding baselines and writing the reports is
+corpusync.evaluating (its SQL: corpusync.store.evaluations); nothing here touches the database.
 
 Modes: `eval_modes` (plus the gate's mode). With a reranker configured (`reranker_path`) and `eval_modes` left
 at its default, `hybrid+rerank` (hybrid search, its fused candidates re-ordered by the cross-encoder) is
@@ -11,36 +13,41 @@ the quality metrics and never gated. Query embeddings are computed beforehand in
 `embed_batch_tokens` and halved on out-of-memory, as a refresh embeds chunks (`embed_questions`).
 
 Baseline: an evaluation of the same gold set (its stable key) and the same question set (content hash and
-question ids; never an ad-hoc `eval --limit` run) with every tolerance-gated metric per question. When the
-baseline generation has none stored, it is evaluated now, and the report and summary say so and why.
-Reports are written private (folder 0700, files 0600): they quote questions and chunk text.
+question ids; never an ad-hoc `eval --limit` run) with every tolerance-gated metric per question
+(`choose_baseline`).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import psycopg
-
-from corpusync import db
 from corpusync.embedders import Embedder, EmbeddingOutput
-from corpusync.errors import ConfigError, ModelMismatch
+from corpusync.errors import ConfigError
 from evaluation import relevance as rel
-from evaluation.gate import baseline_mismatch, check_threshold_goldsets, gate_checks, gated_metrics, ignored_thresholds
+from evaluation.gate import (
+    baseline_mismatch,
+    check_threshold_goldsets,
+    gate_checks,
+    gated_metrics,
+    ignored_thresholds,
+)
 from evaluation.metrics import aggregate, first_relevant_rank, latency_summary, question_scores
 from evaluation.ragas_eval import RagasSample, ragas_scores
 from query.search import MODES, Searcher
-from schemas.eval import Evaluation, GateOutcome, GoldSet, QuestionResult
+from schemas.eval import ChunkRef, Evaluation, GateOutcome, GoldSet, QuestionResult
 from schemas.settings import Settings
 
 K_RETRIEVE = 20
 RERANK_MODE = "hybrid+rerank"
-__all__ = ["GateOutcome", "evaluate_and_gate", "evaluate_generation"]
+REPORT_TITLE = "# corpusync evaluation\n\n"
+__all__ = ["GateOutcome", "score_generation"]
+
+# A generation's view of a gold set: gold reference -> its document paths there, and path -> its chunks.
+GoldChunks = tuple[dict[str, list[str]], dict[str, list[ChunkRef]]]
 
 
 @dataclass
@@ -124,24 +131,22 @@ def _search(searcher: Searcher, text: str, mode: str, generation: int, vector: A
                            query_vector=vector)
 
 
-def _chunks_of_gold(conn: psycopg.Connection, goldset: GoldSet, generation: int,
-                    ) -> tuple[dict[str, list[str]], dict[str, list[rel.ChunkRef]]]:
-    paths = [r["path"] for r in db.fetch_all(conn, "generation_documents", {"generation": generation})]
-    refs = {ref for q in goldset.questions for ref in q.gold_documents}
-    docs = rel.resolve_documents(refs, paths)
-    wanted = sorted({p for ps in docs.values() for p in ps})
-    by_path: dict[str, list[rel.ChunkRef]] = {}
-    for r in db.fetch_all(conn, "generation_chunks_of", {"generation": generation, "paths": wanted}):
-        by_path.setdefault(r["path"], []).append(rel.ChunkRef(
-            int(r["chunk_id"]), r["path"], r["text"], r.get("page_start"), r.get("page_end")))
-    return docs, by_path
+def gold_documents(goldset: GoldSet, paths: Iterable[str]) -> dict[str, list[str]]:
+    """Each document reference of the gold set's questions -> the paths of a generation it names."""
+    return rel.resolve_documents({ref for q in goldset.questions for ref in q.gold_documents}, paths)
 
 
-def evaluate_generation(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
-                        generation: int, model_id: int | None = None) -> Evaluation:
-    """Run every question of `goldset` against `generation` in each configured mode and score it."""
+def wanted_paths(docs: Mapping[str, Iterable[str]]) -> list[str]:
+    """The paths whose chunks relevance needs: every document a gold reference resolved to."""
+    return sorted({p for ps in docs.values() for p in ps})
+
+
+def score_generation(settings: Settings, searcher: Searcher, goldset: GoldSet, generation: int, gold: GoldChunks,
+                     model_id: int | None = None) -> Evaluation:
+    """Run every question of `goldset` against `generation` in each configured mode and score it. `gold`: the
+    generation's documents and chunks for the gold references (corpusync.evaluating.gold_chunks)."""
     modes, notes = plan_modes(settings)
-    docs, by_path = _chunks_of_gold(conn, goldset, generation)
+    docs, by_path = gold
     questions = goldset.questions
     needs_dense = any(m != "lexical" for m in modes) and bool(questions)
     vectors: Any = (embed_questions(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens)
@@ -199,25 +204,21 @@ def per_question(ev: Evaluation, mode: str) -> dict[str, dict[str, float]]:
     return {q.question_id: q.scores for q in ev.questions if q.mode == mode}
 
 
-def _question_rows(conn: psycopg.Connection, evaluation_id: int, mode: str) -> dict[str, dict[str, Any]]:
-    rows = db.fetch_all(conn, "evaluation_questions", {"evaluation_id": evaluation_id, "mode": mode})
-    return {r["question_id"]: r for r in rows}
-
-
-def find_baseline(conn: psycopg.Connection, goldset: GoldSet, generation: int, mode: str,
-                  needed: Sequence[str] = ()) -> tuple[Baseline | None, str]:
-    """The newest stored evaluation of `generation` that can be the baseline of `goldset` (see
-    evaluation.gate.baseline_mismatch), or None and why the newest stored one cannot ('' when none is)."""
+def choose_baseline(candidates: Iterable[Mapping[str, Any]], goldset: GoldSet,
+                    rows_of: Callable[[int], dict[str, dict[str, Any]]],
+                    needed: Sequence[str] = ()) -> tuple[Baseline | None, str]:
+    """The first of `candidates` (stored evaluations of one generation, newest first) that can be the baseline
+    of `goldset` (evaluation.gate.baseline_mismatch), or None and why the newest cannot ('' when none is).
+    `rows_of(evaluation id)`: its per-question rows, read only for a candidate that gets that far."""
     ids = [q.id for q in goldset.questions]
     loaded: dict[int, dict[str, dict[str, Any]]] = {}
 
     def scores(eid: int) -> dict[str, dict[str, float]]:
-        loaded[eid] = _question_rows(conn, eid, mode)
+        loaded[eid] = rows_of(eid)
         return {qid: r["scores"] for qid, r in loaded[eid].items()}
 
     first_reason = ""
-    for row in db.fetch_all(conn, "goldset_evaluations", {"goldset_key": goldset.key, "goldset": goldset.name,
-                                                           "generation": generation, "mode": mode}):
+    for row in candidates:
         eid = int(row["id"])
         reason = baseline_mismatch(row, goldset.sha256, ids, partial(scores, eid), needed)
         if reason is None:
@@ -226,37 +227,16 @@ def find_baseline(conn: psycopg.Connection, goldset: GoldSet, generation: int, m
     return None, first_reason
 
 
-def resolve_baseline(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
-                     generation: int, *, baseline_generation: int | None, run_id: int | None,
-                     config: dict[str, Any], question_limit: int | None) -> tuple[Baseline | None, str]:
-    """The baseline for `generation` and how it was chosen. Its generation: `baseline_generation` (the live
-    one, for a refresh) or the newest earlier generation that was published. A stored evaluation of the same
-    question set is used; otherwise that generation is evaluated now and stored (unless its rows are pruned,
-    or it was built with another embedding model: then there is none, and the note says why)."""
-    mode = settings.gate_mode
-    if baseline_generation:
-        target, status, searchable = baseline_generation, "published", True
-    else:
-        row = db.fetch_one(conn, "previous_published_generation", {"generation": generation})
-        if row is None:
-            return None, "none: no earlier generation was published"
-        target, status, searchable = int(row["generation"]), str(row["status"]), bool(row["searchable"])
-    needed = gated_metrics((settings.gate_tolerances,), {goldset.name, goldset.key})
-    stored, why = find_baseline(conn, goldset, target, mode, needed)
-    if stored is not None:
-        return stored, ""
-    why = why or f"generation {target} has no stored evaluation of this gold set"
-    if not searchable:
-        return None, f"none: {why}, and generation {target} can no longer be searched ({status})"
-    try:
-        base = evaluate_generation(settings, conn, searcher, goldset, target, model_id=searcher.index_model_id(target))
-    except ModelMismatch:  # a deliberate model switch: the old index cannot be queried with the new model
-        return None, f"none: {why}, and generation {target} was built with another embedding model"
-    base.question_limit = question_limit
-    store_evaluation(conn, base, run_id, config)
-    assert base.id is not None
-    rows = {q.question_id: {"scores": q.scores, "retrieved": q.retrieved} for q in base.questions if q.mode == mode}
-    return Baseline(base.id, target, rows, computed=True), f"evaluated now: {why}"
+def needed_metrics(settings: Settings, goldset: GoldSet) -> list[str]:
+    """The metrics a baseline of `goldset` must hold per question: those a tolerance gates."""
+    return gated_metrics((settings.gate_tolerances,), {goldset.name, goldset.key})
+
+
+def computed_baseline(ev: Evaluation, generation: int, mode: str) -> Baseline:
+    """The baseline an evaluation made now is (none stored could serve); `ev` has been stored."""
+    assert ev.id is not None
+    rows = {q.question_id: {"scores": q.scores, "retrieved": q.retrieved} for q in ev.questions if q.mode == mode}
+    return Baseline(ev.id, generation, rows, computed=True)
 
 
 def gate(settings: Settings, ev: Evaluation, baseline: Baseline | None, note: str = "") -> None:
@@ -277,67 +257,17 @@ def gate(settings: Settings, ev: Evaluation, baseline: Baseline | None, note: st
         ev.notes.append(f"gate: {', '.join(ignored)} ignored (latency is reported, not gated)")
 
 
-def store_evaluation(conn: psycopg.Connection, ev: Evaluation, run_id: int | None, config: dict[str, Any]) -> int:
-    """One transaction: the evaluation row and a COPY of its per-question rows."""
-    gated = ev.passed is not None
-    if ev.notes:
-        config = config | {"notes": ev.notes}
-    with conn.transaction():
-        row = db.fetch_one(conn, "insert_keyed_evaluation", {
-            "run_id": run_id, "generation": ev.generation, "model_id": ev.model_id, "goldset": ev.goldset,
-            "goldset_key": ev.goldset_key or ev.goldset, "goldset_source": ev.goldset_source or None,
-            "goldset_sha256": ev.goldset_sha256, "n_questions": ev.n_questions, "question_limit": ev.question_limit,
-            "modes": ev.modes,
-            "metrics": db.as_json(ev.metrics), "ragas": db.as_json(ev.ragas), "config": db.as_json(config),
-            "baseline_id": ev.baseline_id,
-            "gate": db.as_json([c.model_dump() for c in ev.checks]) if gated else None,
-            "passed": ev.passed, "overridden": ev.overridden,
-        })
-        assert row is not None
-        ev.id = int(row["id"])
-        with conn.cursor() as cur, cur.copy(db.q("copy_evaluation_questions")) as copy:
-            for q in ev.questions:
-                copy.write_row((ev.id, q.mode, q.question_id, json.dumps(q.scores), q.first_rank, q.retrieved,
-                                q.relevant_count))
-    return ev.id
-
-
-def set_report_path(conn: psycopg.Connection, ev: Evaluation, path: str) -> None:
-    ev.report_path = path
-    db.execute(conn, "set_evaluation_report", {"id": ev.id, "report_path": path})
-
-
-def chunk_sources(conn: psycopg.Connection, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-    rows = db.fetch_all(conn, "chunk_sources", {"ids": list(ids)})
-    return {int(r["chunk_id"]): (r["path"], r["text"]) for r in rows}
-
-
 def require_goldsets(specs: Sequence[str]) -> None:
     if not specs:
         raise ConfigError("no gold set given: pass --goldset PATH|NAME or set CORPUSYNC_GOLDSETS "
                           '(a JSON list, e.g. \'["examples/goldset.jsonl"]\')')
 
 
-def evaluate_and_gate(
-    settings: Settings,
-    conn: psycopg.Connection,
-    searcher: Searcher,
-    generation: int,
-    *,
-    specs: Sequence[str],
-    run_id: int | None = None,
-    gated: bool = True,
-    baseline_generation: int | None = None,
-    override: bool = False,
-    max_questions: int | None = None,
-) -> GateOutcome:
-    """Evaluate `generation` on each gold set, gate it, store everything and write the report.
-
-    Thresholds and gold sets are checked, and every gold set loaded, before anything is evaluated. Baseline:
-    see `resolve_baseline` (for a refresh, `baseline_generation` is the published generation). A
-    `max_questions` that leaves out questions the gate evaluates (settings.eval_max_questions) makes an ad-hoc
-    evaluation, recorded as such and never a baseline.
-    """
+def load_goldsets(settings: Settings, specs: Sequence[str],
+                  max_questions: int | None) -> list[tuple[GoldSet, int | None]]:
+    """Check thresholds and gold sets, then load every gold set, before anything is evaluated. Each comes with
+    its question limit when `max_questions` leaves out questions the gate evaluates
+    (settings.eval_max_questions): an ad-hoc evaluation, recorded as such and never a baseline; else None."""
     from evaluation.goldsets import load_goldset, sample_questions
 
     require_goldsets(specs)
@@ -349,39 +279,13 @@ def evaluate_and_gate(
         gs = sample_questions(full, max_questions or settings.eval_max_questions)
         adhoc = gs.sha256 != sample_questions(full, settings.eval_max_questions).sha256
         sets.append((gs, max_questions if adhoc else None))
-    config = settings.gate_config() | {"reranker_path": str(settings.reranker_path) if settings.reranker_path
-                                       else None}
-    mode = settings.gate_mode
-    evaluations: list[Evaluation] = []
-    parts: list[str] = []
-    for gs, limit in sets:
-        baseline: Baseline | None = None
-        note = ""
-        if gated:
-            baseline, note = resolve_baseline(settings, conn, searcher, gs, generation,
-                                              baseline_generation=baseline_generation, run_id=run_id,
-                                              config=config, question_limit=limit)
-        ev = evaluate_generation(settings, conn, searcher, gs, generation,
-                                 model_id=searcher.index_model_id(generation))
-        ev.question_limit = limit
-        if gated:
-            gate(settings, ev, baseline, note)
-            ev.overridden = bool(override and ev.passed is False)
-        store_evaluation(conn, ev, run_id, config)
-        evaluations.append(ev)
-        parts.append(_report_part(conn, ev, gs, mode, baseline.rows if baseline else {}))
-    report = REPORT_TITLE + "\n".join(parts)
-    _write_reports(settings, conn, generation, parts, evaluations)
-    return GateOutcome(evaluations, report, parts)
+    return sets
 
 
-def _report_part(conn: psycopg.Connection, ev: Evaluation, gs: GoldSet, mode: str, base_rows: dict[str, Any]) -> str:
-    from evaluation.report import markdown
-
-    return markdown(ev, gs, mode, baseline_questions=base_rows, lookup=lambda ids: chunk_sources(conn, ids))
-
-
-REPORT_TITLE = "# corpusync evaluation\n\n"
+def gate_config(settings: Settings) -> dict[str, Any]:
+    """The configuration stored with each evaluation: the gate's settings and the reranker."""
+    return settings.gate_config() | {"reranker_path": str(settings.reranker_path) if settings.reranker_path
+                                     else None}
 
 
 def _safe(name: str) -> str:
@@ -395,22 +299,6 @@ def report_filename(generation: int, ev: Evaluation) -> str:
     return f"eval-g{generation}-{_safe(ev.goldset)}-e{ev.id}.md"
 
 
-def _write_reports(settings: Settings, conn: psycopg.Connection, generation: int, parts: Sequence[str],
-                   evaluations: Sequence[Evaluation]) -> None:
-    """One report per gold set (report_filename), its path stored with its evaluation, and
-    reports/history-<gold set key>.svg per gold set; the folder 0700 and every file 0600."""
-    from evaluation.report import history_svg, private_dir, write_private
-
-    try:
-        out = private_dir(settings.reports_dir, tighten=("eval-*.md", "history-*.svg"))
-        for ev, part in zip(evaluations, parts, strict=True):
-            path = out / report_filename(generation, ev)
-            write_private(path, REPORT_TITLE + part)
-            set_report_path(conn, ev, str(path))
-            key = ev.goldset_key or ev.goldset
-            points = db.fetch_all(conn, "goldset_history", {"goldset_key": key, "goldset": ev.goldset,
-                                                            "mode": settings.gate_mode})
-            svg = history_svg(points, f"{key} ({settings.gate_mode}): history")
-            write_private(out / f"history-{_safe(key)}.svg", svg)
-    except OSError:
-        return  # reports are a convenience; the results are in the database either way
+def history_filename(goldset_key: str) -> str:
+    """reports/history-<gold set key>.svg: the metric history plot of one gold set."""
+    return f"history-{_safe(goldset_key)}.svg"

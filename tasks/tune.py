@@ -6,6 +6,8 @@ its rank and score in each channel, so any fusion of them is exactly what search
 (evaluation/fusion.py mirrors the SQL). The dense weight is scaled per question by how much of it the model
 can read, as query.search does at query time. Questions of several gold sets are tuned together (one fusion
 per index), and every set is reported on its own, so a gain on one set that costs another shows.
+
+This is the pure half; reading the gold chunks and storing the fusion is corpusync.tuning.
 """
 
 from __future__ import annotations
@@ -13,11 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from corpusync import db
 from evaluation import relevance as rel
 from evaluation.fusion import (
     CHANNELS,
@@ -32,6 +31,9 @@ from evaluation.fusion import (
 from query.search import Searcher
 from schemas.eval import GoldSet
 from schemas.settings import Settings
+
+if TYPE_CHECKING:
+    from tasks.evaluate import GoldChunks
 
 log = logging.getLogger("corpusync.tune")
 
@@ -56,12 +58,13 @@ class TuneOutcome:
         return out
 
 
-def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,
-            generation: int) -> list[QuestionCandidates]:
-    """Every question of the gold set with its candidates from all channels and its relevance units."""
-    from tasks.evaluate import K_RETRIEVE, _chunks_of_gold, embed_questions
+def question_candidates(settings: Settings, searcher: Searcher, goldset: GoldSet, generation: int,
+                        gold: GoldChunks) -> list[QuestionCandidates]:
+    """Every question of the gold set with its candidates from all channels and its relevance units. `gold`:
+    the generation's documents and chunks for the gold references (corpusync.evaluating.gold_chunks)."""
+    from tasks.evaluate import K_RETRIEVE, embed_questions
 
-    docs, by_path = _chunks_of_gold(conn, goldset, generation)
+    docs, by_path = gold
     questions = goldset.questions
     vectors = embed_questions(searcher.embedder, [q.question for q in questions],  # as the evaluation does
                               settings.embed_batch_tokens)
@@ -78,12 +81,11 @@ def collect(settings: Settings, conn: psycopg.Connection, searcher: Searcher, go
     return out
 
 
-def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldsets: Sequence[GoldSet],
-                generation: int, *, folds: int = 5, seed: int = 0, store: bool = True) -> TuneOutcome:
-    """Fit on the questions of all `goldsets` together; store the chosen RRF fusion for the generation's model
-    (unless store=False). The normalised score combination is fitted too and reported next to it."""
-    model_id = searcher.index_model_id(generation)
-    by_set = {gs.name: collect(settings, conn, searcher, gs, generation) for gs in goldsets}
+def fit(searcher: Searcher, by_set: dict[str, list[QuestionCandidates]], goldsets: Sequence[GoldSet],
+        generation: int, model_id: int, *, folds: int = 5, seed: int = 0) -> TuneOutcome:
+    """Fit on the questions of all `goldsets` together (`by_set`: each set's question_candidates) for the
+    index's model `model_id`: the RRF fusion, and the normalised score combination reported next to it; each
+    set scored on its own."""
     questions = [q for qs in by_set.values() for q in qs]
     channels = [c for c in CHANNELS if c != "sparse" or searcher.embedder.identity.sparse_trained]
     default = searcher.fusion(model_id, generation)
@@ -95,16 +97,6 @@ def tune_fusion(settings: Settings, conn: psycopg.Connection, searcher: Searcher
         outcome.per_set[name] = {"default": score(qs, rrf.default), "best": score(qs, rrf.best),
                                  "score_method": score(qs, by_score.best)} | {
             c: score(qs, Fusion(weights={x: float(x == c) for x in CHANNELS}), scaled=False) for c in channels}
-    if store:
-        row = db.fetch_one(conn, "insert_fusion", {
-            "model_id": model_id, "method": rrf.best.method, "weights": db.as_json(rrf.best.weights),
-            "rrf_k": rrf.best.rrf_k, "goldset": ",".join(gs.name for gs in goldsets),
-            "goldset_sha256": ",".join(gs.sha256 for gs in goldsets), "generation": generation, "folds": folds,
-            "report": db.as_json(outcome.as_dict()),
-        })
-        conn.commit()
-        assert row is not None
-        outcome.stored_id = int(row["id"])
     return outcome
 
 
@@ -128,27 +120,15 @@ def describe(outcome: TuneOutcome) -> str:
     return "\n".join(lines)
 
 
-def auto_tune(settings: Settings, conn: psycopg.Connection, searcher: Searcher, generation: int,
-              folds: int = 5) -> TuneOutcome | None:
-    """Before the first gated evaluation of an index: when no fusion was tuned for its model yet, tune one
-    on the configured gold sets (settings.fusion_auto_tune), so hybrid starts out never below its best
-    channel on them. Returns None when a fusion exists or there are too few questions to cross-validate."""
+def auto_tune_sets(settings: Settings, folds: int) -> list[GoldSet] | None:
+    """The configured gold sets to tune on before the first gated evaluation (settings.fusion_auto_tune),
+    None when there are too few questions to cross-validate."""
     from evaluation.goldsets import load_goldset, sample_questions
 
-    if not settings.fusion_auto_tune or not settings.goldsets:
-        return None
-    if db.fetch_one(conn, "latest_fusion", {"model_id": searcher.index_model_id(generation),
-                                            "generation": generation}) is not None:
-        return None
     sets = [sample_questions(load_goldset(s, settings.goldset_dirs), settings.eval_max_questions)
             for s in settings.goldsets]
     if sum(len(gs.questions) for gs in sets) < 4 * folds:
         log.info("fusion not tuned: %d gold questions are too few for %d-fold cross-validation",
                  sum(len(gs.questions) for gs in sets), folds)
         return None
-    outcome = tune_fusion(settings, conn, searcher, sets, generation, folds=folds)
-    searcher.forget_fusion()
-    r = outcome.result
-    log.info("fusion tuned on %s: %s (held-out objective %.4f, default %.4f)", ", ".join(outcome.goldsets),
-             r.best.label(), r.held_out["objective"], r.default_scores["objective"])
-    return outcome
+    return sets

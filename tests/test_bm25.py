@@ -136,7 +136,7 @@ def test_statistics_come_from_the_generation_queried(sample, conn, embedder) -> 
         assert_same_ranking(s.search(q, k=10, mode="lexical", generation=gen), ids,
                             ref_scores(ref, analyzer.query(q).terms))
     # prune removes the postings of versions no retained generation shows, with them
-    from tasks.prune import prune
+    from corpusync.store.generations import prune
 
     prune(conn, 0)
     orphans = conn.execute("SELECT count(*) FROM corpusync.postings p WHERE NOT EXISTS "

@@ -19,8 +19,8 @@ import pytest
 from corpusync import db
 from corpusync.cli import main
 from corpusync.errors import CorpusyncError
+from corpusync.store.generations import rollback
 from query.search import Searcher
-from tasks.publish import rollback
 from tests.conftest import REPO
 from tests.test_refresh_flow import live, run
 

@@ -1,5 +1,5 @@
 """Which modes an evaluation runs (hybrid+rerank with a reranker, a note without one, a ConfigError when it
-is asked for without one) and what evaluate_generation measures per mode (latency beside the quality metrics,
+is asked for without one) and what score_generation measures per mode (latency beside the quality metrics,
 never per question; reranking through Searcher.search(mode="hybrid", rerank=True)). Pure: a recording fake
 searcher and gold chunks handed in, no database."""
 
@@ -69,11 +69,10 @@ def test_evaluate_generation_modes_latency_and_rerank(tmp_path: Path, monkeypatc
     by_path = {"law-2023.md": [rel.ChunkRef(1, "law-2023.md", "Penalty: 7.5 percent."),
                                rel.ChunkRef(2, "law-2023.md", "Something else.")],
                "other.md": [rel.ChunkRef(3, "other.md", "Unrelated words.")]}
-    monkeypatch.setattr(ev_task, "_chunks_of_gold", lambda conn, goldset, generation: (docs, by_path))
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {"metrics": {}, "n": len(samples)})
     searcher = FakeSearcher()
     settings = _settings(tmp_path, reranker_path=tmp_path / "bge-reranker")
-    ev = ev_task.evaluate_generation(settings, None, searcher, gs, generation=4)  # type: ignore[arg-type]
+    ev = ev_task.score_generation(settings, searcher, gs, 4, (docs, by_path))  # type: ignore[arg-type]
 
     assert ev.modes == ["dense", "lexical", "hybrid", "hybrid+rerank"] and ev.notes == []
     # hybrid+rerank is hybrid search with rerank=True; the other modes never rerank
@@ -99,11 +98,10 @@ def test_evaluate_generation_modes_latency_and_rerank(tmp_path: Path, monkeypatc
 
 def test_without_reranker_the_mode_is_skipped_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gs = GoldSet(name="g", source="x", questions=[GoldQuestion(id="1", question="q", gold_documents=["a.md"])])
-    monkeypatch.setattr(ev_task, "_chunks_of_gold", lambda conn, goldset, generation: (
-        {"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]}))
+    gold = ({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {})
     searcher = FakeSearcher()
-    ev = ev_task.evaluate_generation(_settings(tmp_path), None, searcher, gs, generation=1)  # type: ignore[arg-type]
+    ev = ev_task.score_generation(_settings(tmp_path), searcher, gs, 1, gold)  # type: ignore[arg-type]
     assert "hybrid+rerank" not in ev.modes and not any(c["rerank"] for c in searcher.calls)
     assert ev.notes and "hybrid+rerank: skipped" in ev.notes[0]
     outcome = ev_task.GateOutcome([ev], "r", ["r"])
@@ -114,12 +112,11 @@ def test_without_reranker_the_mode_is_skipped_with_a_note(tmp_path: Path, monkey
 
 def test_gate_notes_ignored_latency_thresholds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gs = GoldSet(name="g", source="x", questions=[GoldQuestion(id="1", question="q", gold_documents=["a.md"])])
-    monkeypatch.setattr(ev_task, "_chunks_of_gold", lambda conn, goldset, generation: (
-        {"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]}))
+    gold = ({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {})
     settings = _settings(tmp_path, gate_floors={"latency_ms_p95": 50.0, "recall@5": 0.5},
                          gate_tolerances={"g:latency_ms_p50": 1.0})
-    ev = ev_task.evaluate_generation(settings, None, FakeSearcher(), gs, generation=1)  # type: ignore[arg-type]
+    ev = ev_task.score_generation(settings, FakeSearcher(), gs, 1, gold)  # type: ignore[arg-type]
     ev_task.gate(settings, ev, None)
     assert [c.metric for c in ev.checks] == ["recall@5"] and ev.passed is True
     assert any("g:latency_ms_p50, latency_ms_p95 ignored" in n for n in ev.notes)

@@ -96,9 +96,9 @@ def test_unknown_threshold_metric_is_a_config_error(tmp_path: Path, monkeypatch:
 
 
 def test_threshold_for_an_unknown_goldset_fails_before_any_work(tmp_path: Path) -> None:
+    from corpusync.evaluating import evaluate_and_gate
     from evaluation.gate import check_threshold_goldsets
     from evaluation.goldsets import load_goldset
-    from tasks.evaluate import evaluate_and_gate
 
     gold = _write(tmp_path / "gold.jsonl", [{"id": "q1", "question": "Who won?", "document": "a.md"}])
     settings = Settings(home=tmp_path / "home", gate_floors={"nosuch:recall@5": 0.5})
@@ -286,10 +286,10 @@ class OutOfMemoryEmbedder:
 @pytest.mark.db
 def test_question_embeddings_are_batched_and_survive_out_of_memory(
         prefect_harness: None, settings: Any, corpus: Path, conn: Any, embedder: Any) -> None:
+    from corpusync.evaluating import evaluate_generation
     from evaluation.goldsets import load_goldset
     from flows.refresh import refresh
     from query.search import Searcher
-    from tasks.evaluate import evaluate_generation
 
     assert refresh(str(corpus), settings=settings)["generation"] == 1
     gs = load_goldset(_write(corpus.parent / "gold.jsonl", _gold_rows(corpus)))

@@ -156,7 +156,7 @@ def test_sparse_channel_in_sql(conn) -> None:  # type: ignore[no-untyped-def]
     from pgvector import SparseVector
 
     from corpusync.embedders import ModelIdentity
-    from tasks.load import register_model
+    from corpusync.store.versions import register_model
 
     mid = register_model(conn, ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512))
     index = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (f"chunks_sparse_m{mid}",))

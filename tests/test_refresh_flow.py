@@ -13,8 +13,8 @@ import pytest
 
 from corpusync.errors import MassDeleteRefused, ModelMismatch, RollbackError, WriterBusy
 from corpusync.runtime import acquire_writer_lock, open_database
+from corpusync.store.generations import rollback
 from query.search import search
-from tasks.publish import rollback
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 

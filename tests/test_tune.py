@@ -32,7 +32,8 @@ def sample(prefect_harness, settings, tmp_path: Path, embedder) -> Any:  # type:
 
 
 def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
-    from tasks.tune import collect, describe, tune_fusion
+    from corpusync.tuning import collect, tune_fusion
+    from tasks.tune import describe
 
     settings = sample
     gs = load_goldset(REPO / "examples" / "goldset.jsonl")
@@ -93,8 +94,8 @@ def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> N
 
 
 def test_tune_refuses_too_few_questions(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
+    from corpusync.tuning import tune_fusion
     from schemas.eval import GoldSet
-    from tasks.tune import tune_fusion
 
     gs = load_goldset(REPO / "examples" / "goldset.jsonl")
     tiny = GoldSet(name=gs.name, source=gs.source, sha256=gs.sha256, questions=gs.questions[:2])

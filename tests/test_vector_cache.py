@@ -192,7 +192,7 @@ def _known(conn: psycopg.Connection) -> set[str]:
 
 def test_gate_refusal_then_fix_embeds_only_what_changed(  # type: ignore[no-untyped-def]
         prefect_harness, settings, corpus: Path, conn, tmp_path: Path, monkeypatch) -> None:
-    from tasks.prune import prune
+    from corpusync.store.generations import prune
 
     gated = settings.model_copy(update={"goldsets": [str(_gold(corpus, tmp_path / "gold.jsonl"))],
                                         "parse_isolation": False})  # the fault is injected in this process
@@ -236,7 +236,7 @@ def test_gate_refusal_then_fix_embeds_only_what_changed(  # type: ignore[no-unty
 
 def test_prune_bounds_the_cache(prefect_harness, settings, corpus: Path, conn, embedder,  # type: ignore[no-untyped-def]
                                 monkeypatch) -> None:
-    from tasks.prune import prune
+    from corpusync.store.generations import prune
 
     small = settings.model_copy(update={"embed_batch_tokens": BATCH_TOKENS})
     monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: CountingEmbedder(embedder, die_after=10))

@@ -1,0 +1,2 @@
+-- Drop a reader login role (role: psycopg.sql.Identifier).
+DROP ROLE {role}
