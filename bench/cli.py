@@ -1,11 +1,21 @@
 """CLI wall times as a user meets them: each command a fresh process, as a scheduled refresh or a shell runs it.
 
 Indexes the sample corpus into a temporary home, then times (median of N runs) a no-op refresh, a lexical, a
-dense and a hybrid query, and a small change (one file edited). With --baseline REF the same is measured, in
+dense and a hybrid query, a small change (one file edited) and, on a corpus of 100 files or more, a 1% change as
+the peer benchmark makes it (1% of the files get a sentence appended, 1% are deleted, 1% are added with new text).
+With --baseline REF the same is measured, in
 the same run, for the code at git REF (a temporary worktree, same virtualenv, its own home), and the ratios
 current / baseline are printed.
 
     python bench/cli.py [--runs 5] [--baseline HEAD~1] [--corpus examples/sample-corpus]
+
+The 1% change on the peer corpus (2,067 SQuAD paragraphs, one Markdown file each):
+
+    corpusync goldset export ../shared/data/goldsets/squad-v1.1-dev /tmp/squad-md
+    python bench/cli.py --runs 3 --corpus /tmp/squad-md --markdown --only refresh
+
+(--markdown writes each exported passage as the peer benchmark writes it: `# Title`, a blank line, the text, in
+a .md file.)
 """
 
 from __future__ import annotations
@@ -40,20 +50,59 @@ def _cli(code: Path, home: Path, *args: str) -> float:
     return wall
 
 
-def measure(code: Path, corpus: Path, runs: int, work: Path) -> dict[str, float]:
+def change_one_percent(src: Path, run: int) -> None:
+    """The peer benchmark's change: 1% of the files modified (a sentence appended), 1% deleted, 1% added (new
+    text: a deleted file's sentences in reverse order under a new name), spread evenly over the corpus."""
+    files = sorted(p for p in src.rglob("*.md") if p.name != "SOURCE.md")
+    n = max(1, round(len(files) / 100))
+    step = len(files) // (2 * n)
+    modified, deleted = files[0::step][:n], files[step // 2::step][:n]
+    deleted = [p for p in deleted if p not in modified]
+    for i, p in enumerate(modified):
+        p.write_text(p.read_text(encoding="utf-8") + f"\n\nbench-marker-mod-{run}-{i} was appended.\n",
+                     encoding="utf-8")
+    for i, p in enumerate(deleted):
+        text = p.read_text(encoding="utf-8")
+        p.unlink()
+        sentences = [s for s in text.replace("\n", " ").split(". ") if s.strip()]
+        (p.parent / f"added-{run}-{i}.md").write_text(
+            f"# Added {run}-{i}\n\nbench-marker-new-{run}-{i}. " + ". ".join(reversed(sentences)) + "\n",
+            encoding="utf-8")
+
+
+def as_markdown(corpus: Path, dest: Path) -> None:
+    """The exported passages (title line, blank line, text) as the peer benchmark's Markdown files."""
+    dest.mkdir(parents=True)
+    for p in sorted(corpus.glob("*.txt")):
+        title, _, text = p.read_text(encoding="utf-8").partition("\n\n")
+        (dest / f"{p.stem}.md").write_text(f"# {title.strip()}\n\n{text.strip()}\n", encoding="utf-8")
+
+
+def measure(code: Path, corpus: Path, runs: int, work: Path, only: str, markdown: bool) -> dict[str, float]:
     home = work / "home"
     src = work / "corpus"
-    shutil.copytree(corpus, src)
+    if markdown:
+        as_markdown(corpus, src)
+    else:
+        shutil.copytree(corpus, src)
     out: dict[str, float] = {"first build": _cli(code, home, "refresh", str(src), "-q")}
     times: dict[str, list[float]] = {"no-op refresh": [], "one file edited": []}
-    times |= {f"{mode} query": [] for mode in QUERIES}
+    if only != "refresh":
+        times |= {f"{mode} query": [] for mode in QUERIES}
+    big = sum(1 for p in src.rglob("*.md") if p.name != "SOURCE.md") >= 100
+    if big:
+        times["1% change"] = []
     edited = sorted(p for p in src.rglob("*.md") if p.name != "SOURCE.md")[0]  # SOURCE.md is not indexed
     for i in range(runs):
         times["no-op refresh"].append(_cli(code, home, "refresh", str(src), "-q"))
-        for mode, text in QUERIES.items():
-            times[f"{mode} query"].append(_cli(code, home, "query", text, "--mode", mode, "-k", "5", "--json"))
+        if only != "refresh":
+            for mode, text in QUERIES.items():
+                times[f"{mode} query"].append(_cli(code, home, "query", text, "--mode", mode, "-k", "5", "--json"))
         edited.write_text(edited.read_text(encoding="utf-8") + f"\n\nEdit {i}.\n", encoding="utf-8")
         times["one file edited"].append(_cli(code, home, "refresh", str(src), "-q"))
+        if big:
+            change_one_percent(src, i)
+            times["1% change"].append(_cli(code, home, "refresh", str(src), "-q"))
     _cli(code, home, "db", "stop")
     return out | {k: statistics.median(v) for k, v in times.items()}
 
@@ -63,16 +112,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--baseline", help="git ref to measure next to the working tree (e.g. HEAD~3)")
     ap.add_argument("--corpus", type=Path, default=REPO / "examples" / "sample-corpus")
+    ap.add_argument("--markdown", action="store_true", help="the corpus's .txt passages as Markdown files")
+    ap.add_argument("--only", choices=["all", "refresh"], default="all", help="refresh: leave out the queries")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="corpusync-bench-cli-") as tmp:
         tmpdir = Path(tmp)
-        results = {"current": measure(REPO, args.corpus.resolve(), args.runs, tmpdir / "current")}
+        results = {"current": measure(REPO, args.corpus.resolve(), args.runs, tmpdir / "current", args.only,
+                                      args.markdown)}
         if args.baseline:
             tree = tmpdir / "baseline-tree"
             subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), args.baseline],
                            check=True, capture_output=True)
             try:
-                results["baseline"] = measure(tree, args.corpus.resolve(), args.runs, tmpdir / "baseline")
+                results["baseline"] = measure(tree, args.corpus.resolve(), args.runs, tmpdir / "baseline", args.only,
+                                              args.markdown)
             finally:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
     cols = list(results)

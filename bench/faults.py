@@ -35,8 +35,14 @@ if str(REPO) not in sys.path:
 
 STAGES = ("startup", "recover", "discover", "diff", "parse", "chunk", "embed", "validate", "load", "evaluate",
           "publish", "prune", "finish")
-STEPS = STAGES[2:-1]  # the corpusync.pipeline.step_* functions
+# where each stage starts: (module, function); the build's stages are called once per document or batch
+STEPS = {"discover": ("pipeline", "step_discover"), "diff": ("pipeline", "step_diff"),
+         "parse": ("build", "_parsed"), "chunk": ("build", "_chunk"), "embed": ("build", "step_embed"),
+         "validate": ("build", "step_validate"), "load": ("build", "step_load_batch"),
+         "evaluate": ("pipeline", "step_evaluate"), "publish": ("pipeline", "step_publish"),
+         "prune": ("pipeline", "step_prune")}
 PROGRESS = {"discover", "parse", "chunk", "embed", "load"}  # stages that report per item (mid-stage pauses)
+PER_CALL = {"chunk", "embed", "load"}  # their items are calls (a document, a batch)
 MODES = {"startup": ["timer"], "finish": ["start"]}
 REDUCED_PLAN = "parse:mid,embed:mid,load:mid,finish:start"
 GIB = 1 << 30
@@ -66,7 +72,7 @@ def _install_hooks(marks: str, pause: str) -> None:
     import functools
 
     import tasks.parse_worker
-    from corpusync import pipeline, progress, runtime
+    from corpusync import build, pipeline, progress, runtime
     from corpusync.store import runs
 
     fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -83,9 +89,16 @@ def _install_hooks(marks: str, pause: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
 
     def wrap(stage: str, fn: Any) -> Any:
+        """The stage starts at the first call; each call of a per-document or per-batch step is an item."""
+        calls = [0]
+
         @functools.wraps(fn)
         def marked(*a: Any, **kw: Any) -> Any:
-            mark("start", stage)
+            calls[0] += 1
+            if calls[0] == 1:
+                mark("start", stage)
+            if stage in PER_CALL:
+                mark("advance", stage, calls[0])
             return fn(*a, **kw)
         return marked
 
@@ -99,7 +112,8 @@ def _install_hooks(marks: str, pause: str) -> None:
         def advance(self, n: int = 1) -> None:
             self.inner.advance(n)
             self.n += 1
-            mark("advance", self.stage, self.n)
+            if self.stage in STEPS and self.stage not in PER_CALL:  # the build's bar: its steps count
+                mark("advance", self.stage, self.n)
 
         def finish(self) -> None:
             self.inner.finish()
@@ -116,8 +130,9 @@ def _install_hooks(marks: str, pause: str) -> None:
         original_many = pool.parse_many
 
         def parse_many(self: Any, *a: Any, **kw: Any) -> Any:
-            for src, result in original_many(self, *a, **kw):
+            for n, (src, result) in enumerate(original_many(self, *a, **kw), 1):
                 mark("file", "parse", 0, src.path)
+                mark("advance", "parse", n)
                 yield src, result
 
         pool.parse_many = parse_many
@@ -133,8 +148,9 @@ def _install_hooks(marks: str, pause: str) -> None:
         tasks.parse_worker.ParseWorker.parse = parse  # type: ignore[method-assign]
 
     mark("start", "startup")
-    for step in STEPS:
-        setattr(pipeline, f"step_{step}", wrap(step, getattr(pipeline, f"step_{step}")))
+    modules = {"pipeline": pipeline, "build": build}
+    for step, (module, name) in STEPS.items():
+        setattr(modules[module], name, wrap(step, getattr(modules[module], name)))
     runs.recover = wrap("recover", runs.recover)
     runtime._finish = wrap("finish", runtime._finish)
     progress.stage = stage

@@ -32,6 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from corpusync.lifetime import stop_process  # noqa: E402
 from corpusync.offline import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
@@ -192,12 +193,7 @@ def main() -> None:
             cli = cli_cost(args.home, qs[0], mode, args.cli_runs, args.k) if args.cli_runs > 0 else float("nan")
             rows.append((mode, sum(r["n"] for r in results), sum(r["errors"] for r in results), med, cli))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
         log.close()
         os.unlink(log.name)
 

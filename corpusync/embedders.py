@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -22,6 +23,18 @@ if TYPE_CHECKING:
     from schemas.settings import Settings
 
 log = logging.getLogger("corpusync.embed")
+
+# transformers is a lazy module: imported from two threads at once, the second can see it half initialised
+# ("cannot import name 'AutoTokenizer'"). Every import of torch / transformers / FlagEmbedding here (the
+# refresh's warm-up thread and the first use of the tokenizer or the model) takes this lock.
+_IMPORTS = threading.RLock()
+
+
+def preload_libraries() -> None:
+    """Import torch, transformers and FlagEmbedding (seconds of CPU), for a warm-up thread to pay ahead."""
+    with _IMPORTS:
+        import FlagEmbedding  # noqa: F401
+        from transformers import AutoTokenizer  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -202,7 +215,8 @@ class FlagEmbedder:
     # -- tokenizer (cheap: loads tokenizer files only) -------------------------------------------------
     @cached_property
     def tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        with _IMPORTS:
+            from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(self.model_dir))
 
@@ -235,12 +249,14 @@ class FlagEmbedder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.kind == "bge-m3":
-                from FlagEmbedding import BGEM3FlagModel
+                with _IMPORTS:
+                    from FlagEmbedding import BGEM3FlagModel
 
                 m = BGEM3FlagModel(str(self.model_dir), use_fp16=self.fp16, devices=self.device,
                                    normalize_embeddings=True)
             else:
-                from FlagEmbedding import FlagModel
+                with _IMPORTS:
+                    from FlagEmbedding import FlagModel
 
                 m = FlagModel(str(self.model_dir), pooling_method=self.identity.pooling,
                               normalize_embeddings=True, use_fp16=self.fp16, devices=self.device)

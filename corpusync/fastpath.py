@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from corpusync import pipeline
+from corpusync import build, pipeline
 from corpusync.embedders import Embedder, build_embedder
 from corpusync.runtime import open_database, writer_session
 from corpusync.store import generations, versions
@@ -53,9 +53,7 @@ def refresh_if_unchanged(settings: Settings, source: Path, *, allow_mass_delete:
         plan = pipeline.step_diff(ctx, pipeline.step_discover(ctx))  # again, under the lock
         if plan.has_changes or plan.to_process:
             # the folder changed since the check: do the work here rather than leave the run half done
-            parsed = pipeline.step_parse(ctx, plan)
-            embedded, _ = pipeline.step_validate(ctx, pipeline.step_embed(ctx, pipeline.step_chunk(ctx, parsed, plan)))
-            generation = pipeline.step_load(ctx, embedded, plan)
+            generation = build.step_build(ctx, plan)
             pipeline.step_evaluate(ctx, generation)
             pipeline.step_publish(ctx, generation)
         else:

@@ -4,7 +4,6 @@ them (flows/refresh.py)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import threading
@@ -12,28 +11,23 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from corpusync import lexical, progress
-from corpusync.embedders import Embedder
-from corpusync.errors import EvalGateFailed, ParseError
+from corpusync.embedders import Embedder, preload_libraries
+from corpusync.errors import EvalGateFailed
 from corpusync.runtime import RefreshContext
-from corpusync.store import generations, vector_cache, versions
-from corpusync.vectors import VectorTable
+from corpusync.store import generations, versions
 from schemas.records import (
-    ChunkedDocument,
     DiffPlan,
-    EmbeddedDocument,
-    ParsedDocument,
     QuarantineRecord,
     SourceFile,
 )
 from schemas.settings import Settings
 from tasks import chunk as chunk_stage
 from tasks import discover as discover_stage
-from tasks import embed as embed_stage
 from tasks import load as load_stage
 from tasks import parse as parse_stage
 from tasks import publish as publish_stage
+from tasks import validate_worker
 from tasks.diff import RetryPolicy, diff, with_state
-from tasks.parse_worker import ParsePool, default_workers
 
 log = logging.getLogger("corpusync.refresh")
 
@@ -116,27 +110,35 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
     return plan
 
 
-def warm_up(ctx: RefreshContext, plan: DiffPlan) -> threading.Thread | None:
-    """Pay first-use costs (the tokenizer the chunker counts with, torch + FlagEmbedding, great_expectations)
-    in a background thread while the parse workers run, and only when there is something to parse. The
-    model's weights still load only when a chunk needs embedding."""
-    if not plan.to_process:
-        return None
-    embedder, validate = ctx.embedder, ctx.settings.validate_chunks
+_warm_up: threading.Thread | None = None
+
+
+def warm_up(embedder: Embedder, *, validate: bool) -> None:
+    """Pay first-use costs once per process, while other work runs: torch + FlagEmbedding and the tokenizer
+    the chunker counts with in a background thread; with `validate`, great_expectations in the validation
+    worker's own process. The CLI starts the thread as soon as it knows there is work (the worker later: it
+    would compete with Prefect's API server for the other core); a flow run starts both once it has a plan.
+    The model's weights still load only when a chunk needs embedding."""
+    global _warm_up
+    if validate and not __import__('os').environ.get('T_NOWORKER'):
+        validate_worker.start()
+    if _warm_up is not None:
+        return
 
     def warm() -> None:
         try:
-            _ = embedder.tokenizer
-            import FlagEmbedding  # noqa: F401  (torch, transformers' models)
-
-            if validate:
-                import great_expectations  # noqa: F401
+            preload_libraries()  # torch, transformers, FlagEmbedding
+            embedder.count_tokens(["warm-up"])  # loads the tokenizer
         except Exception as exc:  # the stage that needs it reports the real error
             log.debug("warm-up failed: %s", exc)
 
-    thread = threading.Thread(target=warm, name="corpusync-warm-up", daemon=True)
-    thread.start()
-    return thread
+    _warm_up = threading.Thread(target=warm, name="corpusync-warm-up", daemon=True)
+    _warm_up.start()
+
+
+def stop_workers() -> None:
+    """Stop what warm_up started in other processes (the run is over; the next one starts its own)."""
+    validate_worker.stop()
 
 
 def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprint: str) -> None:
@@ -156,142 +158,6 @@ def _report_only(ctx: RefreshContext, records: list[QuarantineRecord]) -> None:
         retry = f" (retried after {r.retry_at:%Y-%m-%d %H:%M:%S %Z})" if r.retry_at else ""
         log.warning("%s %s at %s: %s: %s%s", r.status, r.path, r.stage, r.reason, r.error, retry)
     ctx.summary.documents.quarantined = len(ctx.summary.quarantined)
-
-
-def step_parse(ctx: RefreshContext, plan: DiffPlan) -> list[ParsedDocument]:
-    """Parse in the isolated worker pool (results in completion order for the progress bar, handed on in
-    the plan's order, so a run is deterministic whatever the number of workers)."""
-    todo = plan.to_process
-    parsed: list[ParsedDocument] = []
-    failed: list[QuarantineRecord] = []
-    s = ctx.settings
-    options = s.parse_options()
-    results: dict[str, ParsedDocument | ParseError] = {}
-    with ctx.timed("parse"), progress.stage("parse", len(todo)) as bar:
-        if s.parse_isolation and todo:
-            pool = ParsePool(options, workers=min(s.parse_workers or default_workers(), len(todo)),
-                             timeout_s=s.parse_timeout_s, timeout_per_page_s=s.parse_timeout_per_page_s,
-                             memory_mb=s.parse_memory_mb, parse=parse_stage.parse_document,
-                             warm_for=[src.path for src in todo])
-            try:
-                for src, result in pool.parse_many(todo, ordered=False):
-                    results[src.path] = result
-                    bar.advance()
-            finally:
-                if pool.memory_limit_problem:  # isolation weaker than configured: say so in the run
-                    ctx.summary.message = "; ".join(m for m in (ctx.summary.message, pool.memory_limit_problem) if m)
-                pool.close()
-        else:
-            for src in todo:
-                try:
-                    results[src.path] = parse_stage.parse_document(src, options)
-                except ParseError as exc:
-                    results[src.path] = exc
-                bar.advance()
-    for src in todo:
-        result = results[src.path]
-        if isinstance(result, ParseError):
-            failed.append(QuarantineRecord(src.path, "parse", result.reason, result.detail, src.sha256))
-        else:
-            parsed.append(result)
-    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
-    return parsed
-
-
-def step_chunk(ctx: RefreshContext, parsed: list[ParsedDocument], plan: DiffPlan) -> list[ChunkedDocument]:
-    replaces = {src.path: live for src, live in plan.changed}
-    config = chunk_config(ctx)
-    out: list[ChunkedDocument] = []
-    failed: list[QuarantineRecord] = []
-    with ctx.timed("chunk"), progress.stage("chunk", len(parsed)) as bar:
-        for doc in parsed:
-            cd = chunk_stage.chunk_document(doc, ctx.embedder, config)
-            if not cd.chunks:
-                failed.append(QuarantineRecord(doc.source.path, "chunk", "empty", "no chunk could be made",
-                                               doc.source.sha256))
-            else:
-                cd.replaces = replaces.get(doc.source.path)
-                out.append(cd)
-            bar.advance()
-    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
-    return out
-
-
-def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedDocument]:
-    if not chunked:
-        return []
-    with ctx.timed("embed"):
-        ctx.model_id = model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
-        identity = ctx.embedder.identity
-        stored = (VectorTable.empty(identity.dimension, identity.sparse_trained) if ctx.reembed else
-                  vector_cache.stored_vectors(ctx.conn, model_id, (c.text_sha256 for d in chunked for c in d.chunks),
-                                              dimension=identity.dimension, sparse=identity.sparse_trained))
-        total = sum(len(d.chunks) for d in chunked)
-        with progress.stage("embed", total - sum(1 for d in chunked for c in d.chunks
-                                                 if c.text_sha256 in stored.rows)) as bar:
-            processes = ctx.settings.segment_processes or lexical.default_processes()
-            sparse_dim = identity.sparse_dim if identity.sparse_trained else None
-
-            def keep(hashes: list[str], out: embed_stage.EmbeddingOutput) -> None:  # durable per batch
-                vector_cache.cache_vectors(ctx.conn, model_id, hashes, out.dense, out.sparse, sparse_dim)
-
-            embedded, stats = embed_stage.embed_documents(
-                chunked, ctx.embedder, stored, ctx.settings.embed_batch_tokens, bar.advance,
-                segment=functools.partial(lexical.Analyzer.from_settings(ctx.settings).index_texts,
-                                          processes=processes), on_vectors=keep)
-    ctx.summary.chunks.embedded = stats.embedded
-    ctx.summary.chunks.reused = stats.reused + stats.deduplicated
-    return embedded
-
-
-def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]) -> tuple[list[EmbeddedDocument], str]:
-    """great-expectations suite over the batch; a document with a failing chunk is quarantined, the rest
-    load. Returns the documents to load and the suite's Markdown report."""
-    if not embedded or not ctx.settings.validate_chunks:
-        return embedded, ""
-    from tasks.validate import Thresholds, validate_chunks
-
-    identity = ctx.embedder.identity
-    with ctx.timed("validate"):
-        outcome = validate_chunks(embedded, Thresholds(
-            max_tokens=chunk_config(ctx).max_tokens, dimension=identity.dimension, normalized=identity.normalized,
-            norm_tolerance=ctx.settings.validate_norm_tolerance, min_ocr_confidence=ctx.settings.ocr_min_confidence,
-        ))
-    failed = [QuarantineRecord(ed.doc.parsed.source.path, "validate", "data-quality",
-                               "failed expectations: " + ", ".join(outcome.failures[ed.doc.parsed.source.path]),
-                               ed.doc.parsed.source.sha256)
-              for ed in embedded if ed.doc.parsed.source.path in outcome.failures]
-    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
-    ctx.summary.validation = {"expectations": outcome.results, "quarantined": sorted(outcome.failures)}
-    return outcome.passed, outcome.markdown()
-
-
-def step_load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:
-    """Write the candidate generation. Returns its number, or None when nothing would change."""
-    loaded_paths = {e.doc.parsed.source.path for e in embedded}
-    # A changed document that failed to parse keeps its live version: it is not retired.
-    deleted = [v.version_id for v in plan.deleted]
-    if not embedded and not deleted:
-        return None
-    with ctx.timed("load"), progress.stage("load", len(embedded)) as bar:
-        if ctx.model_id is None:
-            ctx.model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
-        ctx.generation = generations.create_candidate(ctx.conn, ctx.run_id, ctx.model_id)
-        identity = ctx.embedder.identity
-        inserted, retired = versions.load_documents(
-            ctx.conn, embedded, run_id=ctx.run_id, generation=ctx.generation, model_id=ctx.model_id,
-            fingerprint=pipeline_fingerprint(ctx), chunk_config=chunk_config(ctx).as_dict(),
-            sparse_dim=identity.sparse_dim if identity.sparse_trained else None, on_document=bar.advance,
-        )
-        if ctx.reembed and ctx.published_model_id not in (None, ctx.model_id):
-            # A model switch: every live document not re-embedded above leaves this generation.
-            stale = [v.version_id for v in versions.live_versions(ctx.conn, ctx.base_generation)
-                     if v.path not in loaded_paths]
-            deleted = sorted(set(deleted) | set(stale))
-        retired += versions.retire(ctx.conn, deleted, ctx.generation)
-    ctx.summary.chunks.inserted = inserted
-    ctx.summary.chunks.retired = retired
-    return ctx.generation
 
 
 def step_evaluate(ctx: RefreshContext, generation: int | None) -> str | None:

@@ -60,6 +60,8 @@ class RefreshContext:
     model_id: int | None = None
     generation: int | None = None
     evaluation_report: str = ""
+    validation_report: str = ""
+    loaded_paths: set[str] = field(default_factory=set)  # documents loaded into the candidate so far
 
     @cached_property
     def embedder(self) -> FlagEmbedder:

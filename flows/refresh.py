@@ -1,5 +1,5 @@
-"""The refresh flow: discover -> diff -> parse -> chunk -> embed -> validate -> load -> evaluate -> publish
--> prune.
+"""The refresh flow: discover -> diff -> build (parse -> chunk -> embed -> validate -> load, streamed in
+bounded batches) -> evaluate -> publish -> prune.
 
 Run it as `corpusync refresh PATH`, `python -m flows.refresh PATH`, or as a Prefect deployment (prefect.yaml,
 README "Deployments"). Its parameters are public and typed (schemas/params.py); settings, secrets included,
@@ -75,11 +75,9 @@ def refresh(
                             skip_gate=skip_gate, prefect_flow_run_id=flow_run.get_id()) as ctx:
             found = t.discover(ctx)
             plan = t.diff(ctx, found)
-            pipeline.warm_up(ctx, plan)  # tokenizer, torch, great_expectations load while parsing runs
-            parsed = t.parse(ctx, plan)
-            chunked = t.chunk(ctx, parsed, plan)
-            embedded = t.validate(ctx, t.embed(ctx, chunked))
-            generation = t.load(ctx, embedded, plan)
+            if plan.to_process:  # tokenizer, torch, great_expectations load while parsing runs
+                pipeline.warm_up(ctx.embedder, validate=settings.validate_chunks)
+            generation = t.build(ctx, plan)
             t.evaluate(ctx, generation)
             t.publish(ctx, generation)
             t.prune(ctx)
@@ -88,6 +86,8 @@ def refresh(
         if isinstance(summary, dict):
             publish_run_summary(summary)
         raise
+    finally:
+        pipeline.stop_workers()
     publish_run_summary(ctx.summary.model_dump())
     return ctx.summary.model_dump()
 

@@ -7,10 +7,11 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from corpusync import build as build_stage
 from corpusync import pipeline
 from corpusync.runtime import RefreshContext
 from flows.artifacts import publish_evaluation
-from schemas.records import ChunkedDocument, DiffPlan, EmbeddedDocument, ParsedDocument
+from schemas.records import DiffPlan
 
 
 @task(name="discover", cache_policy=NO_CACHE)
@@ -23,32 +24,14 @@ def diff(ctx: RefreshContext, found: pipeline.Discovered) -> DiffPlan:
     return pipeline.step_diff(ctx, found)
 
 
-@task(name="parse", cache_policy=NO_CACHE)
-def parse(ctx: RefreshContext, plan: DiffPlan) -> list[ParsedDocument]:
-    return pipeline.step_parse(ctx, plan)
-
-
-@task(name="chunk", cache_policy=NO_CACHE)
-def chunk(ctx: RefreshContext, parsed: list[ParsedDocument], plan: DiffPlan) -> list[ChunkedDocument]:
-    return pipeline.step_chunk(ctx, parsed, plan)
-
-
-@task(name="embed", cache_policy=NO_CACHE)
-def embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedDocument]:
-    return pipeline.step_embed(ctx, chunked)
-
-
-@task(name="validate", cache_policy=NO_CACHE)
-def validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]) -> list[EmbeddedDocument]:
-    passed, report = pipeline.step_validate(ctx, embedded)
-    if report:
-        create_markdown_artifact(report, key="corpusync-validation", description="Chunk data-quality suite")
-    return passed
-
-
-@task(name="load", cache_policy=NO_CACHE)
-def load(ctx: RefreshContext, embedded: list[EmbeddedDocument], plan: DiffPlan) -> int | None:
-    return pipeline.step_load(ctx, embedded, plan)
+@task(name="build", cache_policy=NO_CACHE)
+def build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
+    """parse -> chunk -> embed -> validate -> load in bounded batches (corpusync/build.py)."""
+    generation = build_stage.step_build(ctx, plan)
+    if ctx.validation_report:
+        create_markdown_artifact(ctx.validation_report, key="corpusync-validation",
+                                 description="Chunk data-quality suite")
+    return generation
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

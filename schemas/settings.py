@@ -78,6 +78,19 @@ class Settings(BaseSettings):
         "embeds (jieba is pure Python: about 2,000 chunks/s per core, as slow as a GPU embeds). 0: the cores "
         "beyond the first, at most 8, used from 2,000 chunks on; 1: one thread of the refresh process.",
     )
+    build_batch_documents: int = Field(
+        256,
+        gt=0,
+        description="Documents per streamed batch of a refresh: each batch is chunked, embedded, validated and "
+        "loaded into the candidate while the parse workers go on with the next (the parse look-ahead is two "
+        "batches). Together with build_batch_tokens it bounds the memory a refresh holds, whatever the corpus.",
+    )
+    build_batch_tokens: int = Field(
+        131072,
+        gt=0,
+        description="Chunk tokens per streamed batch (a batch closes at this or at build_batch_documents, "
+        "whichever comes first); the model sees it in embed_batch_tokens batches.",
+    )
     embed_fp16: bool = Field(True, description="Use half precision on GPU (ignored on CPU).")
     sparse_top_k: int = Field(
         256,

@@ -8,6 +8,7 @@ results are returned for the run record and the Prefect artifact.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +46,8 @@ class ValidationOutcome:
         return "\n".join(lines) + "\n"
 
 
-def chunk_frame(docs: list[EmbeddedDocument], t: Thresholds) -> Any:
-    """The batch as a pandas DataFrame (great-expectations validates pandas), one row per chunk."""
-    import pandas as pd
-
+def chunk_rows(docs: list[EmbeddedDocument], t: Thresholds) -> list[dict[str, Any]]:
+    """One row per chunk, the columns the suite checks (plain values: the suite may run in another process)."""
     rows = []
     for ed in docs:
         parsed = ed.doc.parsed
@@ -75,7 +74,7 @@ def chunk_frame(docs: list[EmbeddedDocument], t: Thresholds) -> Any:
                 "finite": bool(finite[i]),
                 "norm": float(norms[i]),
             })
-    return pd.DataFrame(rows)
+    return rows
 
 
 def _suite(t: Thresholds) -> Any:
@@ -101,16 +100,18 @@ def _suite(t: Thresholds) -> Any:
     return suite
 
 
-def validate_chunks(docs: list[EmbeddedDocument], t: Thresholds) -> ValidationOutcome:
-    """Run the suite; quarantine (by path) every document with a failing row."""
-    if not docs:
-        return ValidationOutcome([], {})
+SuiteResult = tuple[dict[str, list[str]], list[dict[str, Any]]]  # failures by path, results per expectation
+
+
+def run_suite(rows: list[dict[str, Any]], t: Thresholds) -> SuiteResult:
+    """The great-expectations suite over the rows: the failed expectations of each path, and per expectation
+    its name, column, success and count of unexpected rows."""
     import great_expectations as gx
+    import pandas as pd
 
     # great_expectations sets some of its module loggers to INFO itself (its temporary docs folder): quiet
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    df = chunk_frame(docs, t)
     context = gx.get_context(mode="ephemeral")
     try:
         from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -119,7 +120,8 @@ def validate_chunks(docs: list[EmbeddedDocument], t: Thresholds) -> ValidationOu
     except ImportError:
         pass
     asset = context.data_sources.add_pandas("corpusync").add_dataframe_asset("chunks")
-    batch = asset.add_batch_definition_whole_dataframe("batch").get_batch(batch_parameters={"dataframe": df})
+    batch = asset.add_batch_definition_whole_dataframe("batch").get_batch(
+        batch_parameters={"dataframe": pd.DataFrame(rows)})
     res = batch.validate(_suite(t), result_format={"result_format": "COMPLETE",
                                                    "unexpected_index_column_names": ["path"]})
     failures: dict[str, list[str]] = {}
@@ -135,5 +137,15 @@ def validate_chunks(docs: list[EmbeddedDocument], t: Thresholds) -> ValidationOu
             failures.setdefault(row["path"], [])
             if name not in failures[row["path"]]:
                 failures[row["path"]].append(name)
+    return failures, results
+
+
+def validate_chunks(docs: list[EmbeddedDocument], t: Thresholds,
+                    suite: Callable[[list[dict[str, Any]], Thresholds], SuiteResult] = run_suite) -> ValidationOutcome:
+    """Run the suite (in this process, or wherever `suite` runs it); quarantine (by path) every document with a
+    failing row."""
+    if not docs:
+        return ValidationOutcome([], {})
+    failures, results = suite(chunk_rows(docs, t), t)
     passed = [d for d in docs if d.doc.parsed.source.path not in failures]
     return ValidationOutcome(passed, failures, results)

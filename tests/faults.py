@@ -69,3 +69,10 @@ def scramble_parses(monkeypatch: Any, spare: str | None = None) -> None:
 
     monkeypatch.setattr(parse_stage, "parse_document", broken)
     monkeypatch.setattr(parse_stage, "parser_fingerprint", lambda *a: "scrambling-parser-2.0")
+
+
+def exit_process(*_args: object) -> None:
+    """A worker function that kills the process running it (a crashed worker, as the pool sees it)."""
+    import os
+
+    os._exit(3)

@@ -258,15 +258,13 @@ def test_segmentation_overlaps_embedding_and_lands_in_the_record_batch(embedder)
     assert threads and threads[0].startswith("segment")  # not the embedding thread
 
 
-def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:  # type: ignore[no-untyped-def]
-    """Fault injection into the record batches: a NaN vector and an unnormalised one fail the
-    great-expectations suite for their documents only."""
+def broken_vectors(embedder):  # type: ignore[no-untyped-def]
+    """Three embedded documents: ok.md, nan.md (a NaN in a vector), long.md (an unnormalised vector)."""
     import dataclasses
 
     from corpusync.vectors import embedding_batch
     from schemas.records import Block, EmbeddedDocument
     from tasks.chunk import ChunkConfig, chunk_document
-    from tasks.validate import Thresholds, validate_chunks
     from tests.test_stages_unit import _doc
 
     docs = []
@@ -283,7 +281,15 @@ def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:
         if ed.doc.parsed.source.path == "long.md":
             dense[-1] *= 3.0
         broken.append(EmbeddedDocument(ed.doc, embedding_batch(dense, None)))
-    outcome = validate_chunks(broken, Thresholds(max_tokens=64, dimension=384, normalized=True))
+    return broken
+
+
+def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Fault injection into the record batches: a NaN vector and an unnormalised one fail the
+    great-expectations suite for their documents only."""
+    from tasks.validate import Thresholds, validate_chunks
+
+    outcome = validate_chunks(broken_vectors(embedder), Thresholds(max_tokens=64, dimension=384, normalized=True))
     assert [ed.doc.parsed.source.path for ed in outcome.passed] == ["ok.md"]
     assert "expect_column_values_to_be_in_set(finite)" in outcome.failures["nan.md"]
     assert outcome.failures["long.md"] == ["expect_column_values_to_be_between(norm)"]

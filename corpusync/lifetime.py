@@ -1,0 +1,42 @@
+"""Child processes that never outlive the refresh that started them.
+
+A refresh killed with SIGKILL (the OOM killer, a CI timeout) runs no exit handlers, so a helper process it
+started (Prefect's ephemeral API server, the validation worker) would live on, orphaned, holding ports and
+its parent's stdout. On Linux the kernel can signal a child when its parent goes (PR_SET_PDEATHSIG).
+The signal fires when the *thread* that created the child exits, so children are started from the main
+thread, or from a thread that lives as long as they must.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Run in the child (between fork and exec, or first thing in a spawned worker): SIGTERM when `parent`
+    goes. Exits at once if it is already gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, `grace_s` seconds to finish its writes, then SIGKILL; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
