@@ -1,0 +1,176 @@
+"""A first build at scale: wall time, per-stage time and the peak RSS of the whole process tree.
+
+The corpus: the SQuAD v1.1 dev, CMRC 2018 and DuReader passages (`corpusync goldset export`, one file each:
+3,368), 5% of N as copies of the shared text PDFs, and the rest as copies of the passages under new names until
+it holds N documents. A copy is parsed, chunked, validated and loaded like any document; its vectors are
+copied from the first, not re-embedded (as in any corpus with duplicates). Each build is
+`corpusync refresh FOLDER --json` in a fresh process and a fresh home (its own embedded PostgreSQL), with
+CORPUSYNC_PARSE_WORKERS set; the process tree (refresh, parse workers, the validation worker, Prefect's API
+server; not PostgreSQL) is sampled every 0.2 s for its summed RSS.
+
+    python bench/scale.py --sizes 1000,10000 --workers 1,2
+
+Prints one row per (size, workers): wall s, the run's stage timings, peak tree RSS, and the ratios that
+matter: RSS at the largest size over the smallest (streaming: ~1), parse throughput with 2 workers over 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil  # installed with corpusync's dependencies (a bench-only import)
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data"
+GOLDSETS = ("squad-v1.1-dev", "cmrc2018", "dureader2-demo")
+
+
+def _text_pdfs() -> list[Path]:
+    """The shared PDFs under 2 MB with a text layer on every page (a scan would turn the bench into an OCR
+    bench: bench/parse_pool.py and the 300-page scan measure that)."""
+    import fitz
+
+    found = []
+    for p in sorted((SHARED / "corpus").rglob("*.pdf")):
+        if p.stat().st_size > 2_000_000:
+            continue
+        try:
+            with fitz.open(p) as doc:
+                if doc.needs_pass or not len(doc) or not all(page.get_text().strip() for page in doc):
+                    continue
+        except Exception:  # a damaged sample is simply not used
+            continue
+        found.append(p)
+    return found
+
+
+def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str, int]:
+    """`size` documents in `dest`: the gold sets' passages, `pdf_share` of `size` as copies of the shared text
+    PDFs, and the rest as copies of the passages under new names."""
+    dest.mkdir(parents=True)
+    passages: list[Path] = []
+    for name in GOLDSETS:
+        out = work / f"export-{name}"
+        if not out.exists():
+            subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "goldset", "export",
+                            str(SHARED / "goldsets" / name), str(out)], check=True, capture_output=True, cwd=REPO)
+        passages += sorted(out.glob("*.txt"))
+    pdfs = _text_pdfs()
+    counts = {"passages": 0, "pdfs": 0, "copies": 0}
+    for p in passages[:size]:
+        shutil.copy(p, dest / p.name)
+        counts["passages"] += 1
+    for i in range(min(int(size * pdf_share), size - counts["passages"]) if pdfs else 0):
+        src = pdfs[i % len(pdfs)]
+        shutil.copy(src, dest / f"copy{i // len(pdfs):03d}-{src.name}")
+        counts["pdfs"] += 1
+    i = 0
+    while sum(counts.values()) < size:
+        src = passages[i % len(passages)]
+        shutil.copy(src, dest / f"copy{i // len(passages):03d}-{src.name}")
+        counts["copies"] += 1
+        i += 1
+    return counts
+
+
+def _tree_rss(root: psutil.Process) -> int:
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            if "postgres" not in p.name():
+                total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+@dataclass
+class Build:
+    wall: float
+    peak_mb: float
+    timings: dict[str, float]
+    chunks: dict[str, int]
+
+
+def build(corpus: Path, home: Path, workers: int) -> Build:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CORPUSYNC_PARSE_WORKERS=str(workers),
+               CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"))
+    env.pop("PREFECT_API_URL", None)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home),
+                             "refresh", str(corpus), "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                peak = max(peak, _tree_rss(root))
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home), "db", "stop"],
+                   cwd=REPO, env=env, capture_output=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"refresh failed ({proc.returncode}):\n{err[-3000:]}")
+    summary = json.loads(out)
+    return Build(wall, peak / 2**20, summary["timings"], summary["chunks"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000")
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--pdf-share", type=float, default=0.05, help="share of the documents that are PDF copies")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    workers = [int(x) for x in args.workers.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="corpusync-bench-scale-") as tmp:
+        work = Path(tmp)
+        for size in sizes:
+            corpus = work / f"corpus-{size}"
+            counts = make_corpus(corpus, size, work, args.pdf_share)
+            for w in workers:
+                r = build(corpus, work / f"home-{size}-{w}", w)
+                rows.append((size, w, counts, r))
+                t = r.timings
+                print(f"{size:>6} docs ({counts['passages']} passages, {counts['pdfs']} PDF copies, {counts['copies']} "
+                      f"passage copies), {w} parse worker(s): "
+                      f"wall {r.wall:.1f} s, peak tree RSS {r.peak_mb:.0f} MB, stages "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in t.items() if v >= 0.05)
+                      + f"; chunks {r.chunks}", flush=True)
+    by = {(s, w): r for s, w, _, r in rows}
+    if len(sizes) > 1:
+        for w in workers:
+            small, large = by[(min(sizes), w)], by[(max(sizes), w)]
+            print(f"{w} worker(s): peak RSS at {max(sizes)} / at {min(sizes)} documents = "
+                  f"{large.peak_mb / small.peak_mb:.2f}x")
+    if 1 in workers and 2 in workers:
+        for s in sizes:
+            one, two = by[(s, 1)], by[(s, 2)]
+            print(f"{s} documents: wall with 2 parse workers / 1 = {two.wall / one.wall:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
