@@ -38,14 +38,14 @@ GOLDSETS = ("squad-v1.1-dev", "cmrc2018", "dureader2-demo")
 def _text_pdfs() -> list[Path]:
     """The shared PDFs under 2 MB with a text layer on every page (a scan would turn the bench into an OCR
     bench: bench/parse_pool.py and the 300-page scan measure that)."""
-    import fitz
+    import pymupdf
 
     found = []
     for p in sorted((SHARED / "corpus").rglob("*.pdf")):
         if p.stat().st_size > 2_000_000:
             continue
         try:
-            with fitz.open(p) as doc:
+            with pymupdf.open(p) as doc:
                 if doc.needs_pass or not len(doc) or not all(page.get_text().strip() for page in doc):
                     continue
         except Exception:  # a damaged sample is simply not used
@@ -67,10 +67,11 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
         passages += sorted(out.glob("*.txt"))
     pdfs = _text_pdfs()
     counts = {"passages": 0, "pdfs": 0, "copies": 0}
-    for p in passages[:size]:
+    n_pdfs = int(size * pdf_share) if pdfs else 0  # the same mix at every size
+    for p in passages[:size - n_pdfs]:
         shutil.copy(p, dest / p.name)
         counts["passages"] += 1
-    for i in range(min(int(size * pdf_share), size - counts["passages"]) if pdfs else 0):
+    for i in range(n_pdfs):
         src = pdfs[i % len(pdfs)]
         shutil.copy(src, dest / f"copy{i // len(pdfs):03d}-{src.name}")
         counts["pdfs"] += 1
@@ -83,7 +84,8 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
     return counts
 
 
-def _tree_rss(root: psutil.Process) -> int:
+def _tree_rss(root: psutil.Process) -> tuple[int, int]:
+    """(RSS of the whole tree less PostgreSQL, RSS of the refresh process itself)."""
     total = 0
     for p in [root, *root.children(recursive=True)]:
         try:
@@ -91,13 +93,14 @@ def _tree_rss(root: psutil.Process) -> int:
                 total += p.memory_info().rss
         except psutil.Error:
             continue
-    return total
+    return total, root.memory_info().rss
 
 
 @dataclass
 class Build:
     wall: float
-    peak_mb: float
+    peak_mb: float  # the process tree (refresh, parse workers, validation worker, Prefect's server)
+    peak_main_mb: float  # the refresh process
     timings: dict[str, float]
     chunks: dict[str, int]
 
@@ -110,15 +113,16 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     proc = subprocess.Popen([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home),
                              "refresh", str(corpus), "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    peak = 0
+    peak = peak_main = 0
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_main
         root = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                peak = max(peak, _tree_rss(root))
+                tree, main = _tree_rss(root)
+                peak, peak_main = max(peak, tree), max(peak_main, main)
             except psutil.Error:
                 pass
             time.sleep(0.2)
@@ -134,7 +138,7 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     if proc.returncode != 0:
         raise SystemExit(f"refresh failed ({proc.returncode}):\n{err[-3000:]}")
     summary = json.loads(out)
-    return Build(wall, peak / 2**20, summary["timings"], summary["chunks"])
+    return Build(wall, peak / 2**20, peak_main / 2**20, summary["timings"], summary["chunks"])
 
 
 def main() -> None:
@@ -157,7 +161,8 @@ def main() -> None:
                 t = r.timings
                 print(f"{size:>6} docs ({counts['passages']} passages, {counts['pdfs']} PDF copies, {counts['copies']} "
                       f"passage copies), {w} parse worker(s): "
-                      f"wall {r.wall:.1f} s, peak tree RSS {r.peak_mb:.0f} MB, stages "
+                      f"wall {r.wall:.1f} s, peak RSS {r.peak_mb:.0f} MB (tree), {r.peak_main_mb:.0f} MB "
+                      "(refresh process), stages "
                       + ", ".join(f"{k} {v:.1f}" for k, v in t.items() if v >= 0.05)
                       + f"; chunks {r.chunks}", flush=True)
     by = {(s, w): r for s, w, _, r in rows}
@@ -165,7 +170,8 @@ def main() -> None:
         for w in workers:
             small, large = by[(min(sizes), w)], by[(max(sizes), w)]
             print(f"{w} worker(s): peak RSS at {max(sizes)} / at {min(sizes)} documents = "
-                  f"{large.peak_mb / small.peak_mb:.2f}x")
+                  f"{large.peak_mb / small.peak_mb:.2f}x (tree), {large.peak_main_mb / small.peak_main_mb:.2f}x "
+                  "(refresh process)")
     if 1 in workers and 2 in workers:
         for s in sizes:
             one, two = by[(s, 1)], by[(s, 2)]
