@@ -189,9 +189,7 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
     if not chunked:
         return []
     with ctx.timed("embed"):
-        if ctx.model_id is None:
-            ctx.model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
-        model_id = ctx.model_id
+        model_id = _model(ctx)
         identity = ctx.embedder.identity
         stored = (VectorTable.empty(identity.dimension, identity.sparse_trained) if ctx.reembed else
                   vector_cache.stored_vectors(ctx.conn, model_id, (c.text_sha256 for d in chunked for c in d.chunks),
@@ -231,12 +229,17 @@ def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]
     return outcome.passed, outcome
 
 
-def _candidate(ctx: RefreshContext) -> int:
-    """The candidate generation, created on first need."""
+def _model(ctx: RefreshContext) -> int:
+    """The embedding model's id, registered on first need."""
     if ctx.model_id is None:
         ctx.model_id = versions.register_model(ctx.conn, ctx.embedder.identity)
+    return ctx.model_id
+
+
+def _candidate(ctx: RefreshContext) -> int:
+    """The candidate generation, created on first need."""
     if ctx.generation is None:
-        ctx.generation = generations.create_candidate(ctx.conn, ctx.run_id, ctx.model_id)
+        ctx.generation = generations.create_candidate(ctx.conn, ctx.run_id, _model(ctx))
     return ctx.generation
 
 
@@ -246,10 +249,9 @@ def step_load_batch(ctx: RefreshContext, embedded: list[EmbeddedDocument]) -> No
         return
     with ctx.timed("load"):
         generation = _candidate(ctx)
-        assert ctx.model_id is not None
         identity = ctx.embedder.identity
         inserted, retired = versions.load_documents(
-            ctx.conn, embedded, run_id=ctx.run_id, generation=generation, model_id=ctx.model_id,
+            ctx.conn, embedded, run_id=ctx.run_id, generation=generation, model_id=_model(ctx),
             fingerprint=pipeline_fingerprint(ctx), chunk_config=chunk_config(ctx).as_dict(),
             sparse_dim=identity.sparse_dim if identity.sparse_trained else None,
         )

@@ -104,7 +104,8 @@ def refresh(
         from corpusync.embedders import build_embedder
 
         # Prefect's API server starts on another core (tied to this process: a SIGKILL cannot leave it
-        # running) while torch, the tokenizer, great_expectations and the flow machinery load here.
+        # running) while torch, the tokenizer and the flow machinery load here (great_expectations loads
+        # later, in the validation worker, once the flow has a plan: earlier it would slow the server's start).
         api = prefect_local.launch()
         pipeline.warm_up(build_embedder(settings), validate=False)
         from flows.refresh import refresh as refresh_flow

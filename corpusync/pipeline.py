@@ -120,7 +120,7 @@ def warm_up(embedder: Embedder, *, validate: bool) -> None:
     would compete with Prefect's API server for the other core); a flow run starts both once it has a plan.
     The model's weights still load only when a chunk needs embedding."""
     global _warm_up
-    if validate and not __import__('os').environ.get('T_NOWORKER'):
+    if validate:
         validate_worker.start()
     if _warm_up is not None:
         return
