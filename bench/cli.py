@@ -35,9 +35,9 @@ QUERIES = {"lexical": "合同编号 HT2023-0876 的付款方式", "dense": "Whic
            "hybrid": "Which team won Super Bowl 50?"}
 
 
-def _cli(code: Path, home: Path, *args: str) -> float:
+def _cli(code: Path, home: Path, *args: str, **extra_env: str) -> float:
     env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"))
+               CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"), **extra_env)
     env.pop("PREFECT_API_URL", None)
     t0 = time.perf_counter()
     # what the console script runs (`python -m corpusync.cli` did not exist in older versions)
@@ -92,6 +92,7 @@ def measure(code: Path, corpus: Path, runs: int, work: Path, only: str, markdown
     big = sum(1 for p in src.rglob("*.md") if p.name != "SOURCE.md") >= 100
     if big:
         times["1% change"] = []
+        times["1% change, own API"] = []  # no shared local API server: each command starts its own
     edited = sorted(p for p in src.rglob("*.md") if p.name != "SOURCE.md")[0]  # SOURCE.md is not indexed
     for i in range(runs):
         times["no-op refresh"].append(_cli(code, home, "refresh", str(src), "-q"))
@@ -103,7 +104,12 @@ def measure(code: Path, corpus: Path, runs: int, work: Path, only: str, markdown
         if big:
             change_one_percent(src, i)
             times["1% change"].append(_cli(code, home, "refresh", str(src), "-q"))
+            change_one_percent(src, runs + i)
+            times["1% change, own API"].append(_cli(code, home, "refresh", str(src), "-q",
+                                                    CORPUSYNC_LOCAL_API_LINGER_S="0"))
     _cli(code, home, "db", "stop")
+    for k, v in times.items():
+        print(f"{code.name:>14} {k}: " + " ".join(f"{t:.2f}" for t in v), file=sys.stderr)
     return out | {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -128,6 +134,10 @@ def main() -> None:
                                               args.markdown)
             finally:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+        sys.path.insert(0, str(REPO))
+        from corpusync.prefect_local import stop_shared
+
+        stop_shared()  # the server the current code's commands shared
     cols = list(results)
     print(f"CLI wall seconds, median of {args.runs} (first build: one run); corpus {args.corpus}")
     print(f"{'command':<18}" + "".join(f"{c:>11}" for c in cols) + ("   current/baseline" if args.baseline else ""))

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,22 +98,24 @@ def refresh(
 
     settings = _settings()
     # nothing changed (most scheduled runs): recorded without a flow run, in well under a second of work
-    summary = None if reembed else refresh_if_unchanged(settings, source, allow_mass_delete=allow_mass_delete,
-                                                        skip_gate=skip_gate)
+    summary, found = (None, None) if reembed else refresh_if_unchanged(
+        settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate)
     if summary is None:
         from corpusync import pipeline, prefect_local
         from corpusync.embedders import build_embedder
 
-        # Prefect's API server starts on another core (tied to this process: a SIGKILL cannot leave it
-        # running) while torch, the tokenizer and the flow machinery load here (great_expectations loads
-        # later, in the validation worker, once the flow has a plan: earlier it would slow the server's start).
-        api = prefect_local.launch()
+        # torch, FlagEmbedding and the tokenizer load in a thread from now on (the longest wait of a small
+        # refresh), while the flow machinery loads here and Prefect's local API server is found, or started on
+        # another core (great_expectations loads later, in the validation worker, once the flow has a plan:
+        # earlier it would slow the server's start).
         pipeline.warm_up(build_embedder(settings), validate=False)
+        api = prefect_local.launch(settings.local_api_linger_s)
         from flows.refresh import refresh as refresh_flow
 
         _quiet_expected_failures()
         bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
-        with prefect_local.serving(api), bar.progress, progress.use(bar):
+        handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
+        with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
             summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
                                    skip_gate=skip_gate, settings=settings)
     code = 1 if summary["status"] == "refused" else 0
@@ -311,6 +314,32 @@ def eval_cmd(
 
 goldset_app = typer.Typer(no_args_is_help=True, help="Gold sets: export the corpus a gold set brings.")
 app.add_typer(goldset_app, name="goldset")
+api_app = typer.Typer(no_args_is_help=True, help="The local Prefect API server that refreshes report to when "
+                      "PREFECT_API_URL is not set (shared by commands, stopped after CORPUSYNC_LOCAL_API_LINGER_S).")
+app.add_typer(api_app, name="api")
+
+
+@api_app.command("status")
+def api_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Whether the shared local API server runs: its URL (for `prefect` commands) and the commands using it."""
+    from corpusync.prefect_local import shared_status
+
+    info = shared_status()
+    if as_json:
+        typer.echo(json.dumps(info))
+    elif info is None:
+        typer.echo("not running")
+    else:
+        typer.echo(f"{info['url']} (pid {info['pid']}, Prefect {info['prefect']}, "
+                   f"{'healthy' if info['healthy'] else 'starting'}, {info['commands']} command(s) using it)")
+
+
+@api_app.command("stop")
+def api_stop() -> None:
+    """Stop the shared local API server now (the next refresh starts a new one)."""
+    from corpusync.prefect_local import stop_shared
+
+    typer.echo("stopped" if stop_shared() else "not running")
 
 
 @goldset_app.command("export")

@@ -265,6 +265,10 @@ class FlagEmbedder:
         net.to(self.device).eval()
         return m
 
+    def load_model(self) -> None:
+        """Load the weights now (a warm-up thread, ahead of the first embed; once per embedder)."""
+        _ = self.model
+
     @cached_property
     def _special_ids(self) -> list[int]:
         tok = self.tokenizer

@@ -10,7 +10,7 @@ quarantine reports, prune) without a flow run. Any change at all goes through th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from corpusync import build, pipeline
 from corpusync.embedders import Embedder, build_embedder
@@ -27,28 +27,37 @@ class _Configured:
         self.embedder: Embedder = build_embedder(settings)  # reads the model's files; loads no weights
 
 
-def looks_unchanged(settings: Settings, source: Path) -> bool:
-    """True when the published generation already serves `source` as the pipeline would build it (nothing
-    new, changed, deleted, or due for a retry). Read-only: no lock, no run record."""
+class Checked(NamedTuple):
+    """What the check found: the run's summary when nothing changed (recorded), else the folder as found."""
+
+    summary: dict[str, Any] | None
+    found: pipeline.Discovered | None
+
+
+def looks_unchanged(settings: Settings, source: Path) -> tuple[bool, pipeline.Discovered | None]:
+    """Whether the published generation already serves `source` as the pipeline would build it (nothing
+    new, changed, deleted, or due for a retry), and the folder as found. Read-only: no lock, no run record."""
     with open_database(settings) as conn:
         published = generations.published_generation(conn)
         if not published:
-            return False
+            return False, None
         files, problems = discover_stage.discover(source, settings.include_globs, settings.exclude_globs)
         fingerprint = pipeline.pipeline_fingerprint(_Configured(settings))
         plan = diff(files, versions.live_versions(conn, published), fingerprint,
                     versions.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings))
     unreadable = {p.path for p in problems}
-    return not (plan.new or plan.changed or plan.to_process
-                or any(v.path not in unreadable for v in plan.deleted))
+    unchanged = not (plan.new or plan.changed or plan.to_process
+                     or any(v.path not in unreadable for v in plan.deleted))
+    return unchanged, pipeline.Discovered(files, problems)
 
 
 def refresh_if_unchanged(settings: Settings, source: Path, *, allow_mass_delete: bool = False,
-                         skip_gate: bool = False) -> dict[str, Any] | None:
-    """The run summary of a refresh that found nothing to do, recorded without a flow run; None when there
-    is work, for the caller to run the refresh flow."""
-    if not looks_unchanged(settings, source):
-        return None
+                         skip_gate: bool = False) -> Checked:
+    """The run summary of a refresh that found nothing to do, recorded without a flow run; else no summary
+    and the folder as found, for the caller to run the refresh flow (pipeline.discovered hands it on)."""
+    unchanged, found = looks_unchanged(settings, source)
+    if not unchanged:
+        return Checked(None, found)
     with writer_session(settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate) as ctx:
         plan = pipeline.step_diff(ctx, pipeline.step_discover(ctx))  # again, under the lock
         if plan.has_changes or plan.to_process:
@@ -59,4 +68,4 @@ def refresh_if_unchanged(settings: Settings, source: Path, *, allow_mass_delete:
         else:
             pipeline.step_publish(ctx, None)
         pipeline.step_prune(ctx)
-    return ctx.summary.model_dump()
+    return Checked(ctx.summary.model_dump(), None)

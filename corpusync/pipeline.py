@@ -7,11 +7,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from corpusync import lexical, progress
-from corpusync.embedders import Embedder, preload_libraries
+from corpusync.embedders import Embedder, FlagEmbedder, preload_libraries
 from corpusync.errors import EvalGateFailed
 from corpusync.runtime import RefreshContext
 from corpusync.store import generations, versions
@@ -62,9 +65,35 @@ class Discovered:
     problems: list[QuarantineRecord]
 
 
+_offered: tuple[tuple[Any, ...], Discovered] | None = None
+
+
+def _discovery_key(settings: Settings, source: Path) -> tuple[Any, ...]:
+    return source.resolve(), tuple(settings.include_globs), tuple(settings.exclude_globs)
+
+
+@contextmanager
+def discovered(settings: Settings, source: Path, found: Discovered) -> Iterator[None]:
+    """Inside this block the next discover of `source` with the same include/exclude globs takes `found`
+    instead of walking and hashing the folder again: the CLI's check for changes just did that. A snapshot
+    a second older is as valid as a new one (a file that changes now is the next run's work); the diff
+    still runs under the writer lock, against what is published then."""
+    global _offered
+    _offered = (_discovery_key(settings, source), found)
+    try:
+        yield
+    finally:
+        _offered = None
+
+
 def step_discover(ctx: RefreshContext) -> Discovered:
+    global _offered
     s = ctx.settings
+    offered, _offered = _offered, None  # one run takes it, once
     with ctx.timed("discover"), progress.stage("discover") as bar:
+        if offered is not None and offered[0] == _discovery_key(s, Path(ctx.source_root)):
+            bar.advance(len(offered[1].files))
+            return offered[1]
         files, problems = discover_stage.discover(ctx.source_root, s.include_globs, s.exclude_globs, bar.advance)
     return Discovered(files, problems)
 
@@ -111,24 +140,29 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
 
 
 _warm_up: threading.Thread | None = None
+_want_model = threading.Event()
 
 
-def warm_up(embedder: Embedder, *, validate: bool) -> None:
+def warm_up(embedder: Embedder, *, validate: bool, model: bool = False) -> None:
     """Pay first-use costs once per process, while other work runs: torch + FlagEmbedding and the tokenizer
-    the chunker counts with in a background thread; with `validate`, great_expectations in the validation
-    worker's own process. The CLI starts the thread as soon as it knows there is work (the worker later: it
-    would compete with Prefect's API server for the other core); a flow run starts both once it has a plan.
-    The model's weights still load only when a chunk needs embedding."""
+    the chunker counts with in a background thread; with `model`, then the model's weights (a flow asks once
+    its plan has documents to build: their new text needs them); with `validate`, great_expectations in the
+    validation worker's own process. The CLI starts the thread as soon as it knows there is work (the worker
+    later: it would compete with Prefect's API server for the other core)."""
     global _warm_up
     if validate:
         validate_worker.start()
-    if _warm_up is not None:
-        return
+    if model:
+        _want_model.set()
+    if _warm_up is not None and (_warm_up.is_alive() or not model):
+        return  # running (it loads the model if asked before it ends), or done and nothing more wanted
 
     def warm() -> None:
         try:
             preload_libraries()  # torch, transformers, FlagEmbedding
             embedder.count_tokens(["warm-up"])  # loads the tokenizer
+            if _want_model.is_set() and isinstance(embedder, FlagEmbedder):
+                embedder.load_model()
         except Exception as exc:  # the stage that needs it reports the real error
             log.debug("warm-up failed: %s", exc)
 

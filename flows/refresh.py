@@ -76,8 +76,9 @@ def refresh(
             found = t.discover(ctx)
             plan = t.diff(ctx, found)
             if plan.to_process:  # tokenizer, torch, great_expectations load while parsing runs
-                pipeline.warm_up(ctx.embedder, validate=settings.validate_chunks)
+                pipeline.warm_up(ctx.embedder, validate=settings.validate_chunks, model=True)
             generation = t.build(ctx, plan)
+            pipeline.stop_workers()  # validation is done: the worker exits while the gate runs
             t.evaluate(ctx, generation)
             t.publish(ctx, generation)
             t.prune(ctx)

@@ -245,6 +245,14 @@ class Settings(BaseSettings):
         "(0: fail at once with a clear message). The refresh and prune deployments (prefect.yaml) pass 3600 as "
         "their lock_timeout_s parameter, so a run that overlaps another writer waits instead of failing.",
     )
+    local_api_linger_s: float = Field(
+        600.0,
+        ge=0.0,
+        description="When no PREFECT_API_URL is set, the CLI starts a local Prefect API server for its flow runs. "
+        "It stays up this many seconds after the last command that used it, and the next command reuses it "
+        "instead of waiting seconds for a new one (`corpusync api stop` stops it). 0: each command starts its "
+        "own and stops it when it exits.",
+    )
 
     # --- lexical index (Okapi BM25 in PostgreSQL) -------------------------------------------------
     lexicon: Path | None = Field(

@@ -31,8 +31,10 @@ _worker: _SuiteWorker | None = None
 
 def _init_worker(parent: int) -> None:
     """The worker's initializer: tied to the refresh's life (corpusync/lifetime.py), then the imports the
-    first suite would pay. Never raises (the pool would be broken); the suite reports a real import failure."""
+    first suite would pay, at a low CPU priority. Never raises (the pool would be broken); the suite reports
+    a real import failure."""
     die_with_parent(parent)
+    os.nice(10)  # its imports run ahead, on otherwise idle CPU: never at the expense of the refresh itself
     try:
         import great_expectations  # noqa: F401
         import pandas  # noqa: F401
@@ -59,7 +61,9 @@ class _SuiteWorker:
             return run_suite(rows, t)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """Ask the worker to exit and return: it exits while the run goes on (the pool's thread, joined
+        at interpreter exit, waits for it)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _noop() -> None:

@@ -17,6 +17,9 @@ from corpusync.offline import apply_offline_defaults
 apply_offline_defaults()
 # The production default is bge-m3 (weights not available here); the tests embed with the packaged MiniLM.
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")
+# A CLI refresh in a test starts its own local Prefect API and stops it as it exits, instead of leaving one
+# for the next command (the production default); tests/test_local_api.py tests the shared server.
+os.environ.setdefault("CORPUSYNC_LOCAL_API_LINGER_S", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"

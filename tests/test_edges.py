@@ -125,7 +125,8 @@ def test_a_kill_between_publish_and_finish_records_the_run_as_published(  # type
 
 def test_sigkill_of_the_refresh_does_not_orphan_prefects_api_server(settings, corpus: Path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen([sys.executable, "-m", "corpusync.cli", "refresh", str(corpus), "-q"], cwd=REPO,
-                            env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=_env(settings) | {"CORPUSYNC_LOCAL_API_LINGER_S": "0"},  # its own server
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         server = _wait_for_child(proc.pid, "uvicorn", timeout_s=180)
         assert server is not None, "the refresh should start Prefect's ephemeral API server"

@@ -1,0 +1,125 @@
+"""The local Prefect API server CLI commands share (corpusync/prefect_local.py): the next command reuses it,
+it stops by itself once no command has used it for its linger time, also after a command was SIGKILLed,
+and `corpusync api stop` stops it. Real refreshes in fresh processes, a real Prefect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from test_edges import _alive, _env, _wait_for_child
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli_env(settings: Any, prefect_home: Path, linger_s: float) -> dict[str, str]:
+    return _env(settings) | {"PREFECT_HOME": str(prefect_home), "CORPUSYNC_LOCAL_API_LINGER_S": str(linger_s)}
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "corpusync.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _status(env: dict[str, str]) -> dict[str, Any] | None:
+    info: dict[str, Any] | None = json.loads(_cli(env, "api", "status", "--json").stdout)
+    return info
+
+
+def _flow_runs(url: str) -> list[dict[str, Any]]:
+    request = urllib.request.Request(f"{url}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        runs: list[dict[str, Any]] = json.loads(response.read())
+    return runs
+
+
+def _healthy(folder: Path) -> bool:
+    port = json.loads((folder / "state.json").read_text())["port"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _gone_within(pids: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _server_pids(supervisor: int) -> list[int]:
+    uvicorn = _wait_for_child(supervisor, "uvicorn", timeout_s=30)
+    assert uvicorn is not None, "the supervisor runs Prefect's uvicorn command"
+    return [supervisor, uvicorn]
+
+
+def test_the_next_command_reuses_the_server_which_then_stops_after_its_linger(  # type: ignore[no-untyped-def]
+        settings, corpus: Path, tmp_path: Path) -> None:
+    env = _cli_env(settings, tmp_path / "prefect", 6)
+    assert _status(env) is None
+    _cli(env, "refresh", str(corpus), "-q")
+    first = _status(env)
+    assert first is not None and first["healthy"] and first["commands"] == 0, first
+    pids = _server_pids(first["pid"])
+
+    edited = sorted(p for p in corpus.rglob("*.md"))[0]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\nOne more sentence.\n", encoding="utf-8")
+    _cli(env, "refresh", str(corpus), "-q")  # a flow run again: on the same server
+    second = _status(env)
+    assert second is not None and second["pid"] == first["pid"] and second["url"] == first["url"]
+    runs = _flow_runs(first["url"])
+    assert sorted(r["state_type"] for r in runs) == ["COMPLETED", "COMPLETED"], runs
+
+    assert _gone_within(pids, 6 + 15), "the server outlived its linger time"
+    assert _status(env) is None
+    assert not (tmp_path / "prefect" / "corpusync-local-api" / "state.json").exists()
+
+
+def test_a_sigkilled_command_does_not_keep_the_server_beyond_its_linger(  # type: ignore[no-untyped-def]
+        settings, corpus: Path, tmp_path: Path) -> None:
+    env = _cli_env(settings, tmp_path / "prefect", 2)
+    proc = subprocess.Popen([sys.executable, "-m", "corpusync.cli", "refresh", str(corpus), "-q"], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "prefect" / "corpusync-local-api"
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "state.json").exists() or not _healthy(folder):
+            assert time.monotonic() < deadline and proc.poll() is None, "the refresh should start the server"
+            time.sleep(0.1)
+        assert (folder / "leases" / str(proc.pid)).exists(), "the running refresh holds a lease"
+        pids = _server_pids(json.loads((folder / "state.json").read_text())["pid"])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert _gone_within(pids, 2 + 15), "the server outlived the SIGKILLed command's linger time"
+
+
+def test_api_stop_stops_the_server_and_the_next_command_starts_a_new_one(  # type: ignore[no-untyped-def]
+        settings, corpus: Path, tmp_path: Path) -> None:
+    env = _cli_env(settings, tmp_path / "prefect", 600)
+    _cli(env, "refresh", str(corpus), "-q")
+    info = _status(env)
+    assert info is not None
+    pids = _server_pids(info["pid"])
+    try:
+        assert _cli(env, "api", "stop").stdout.strip() == "stopped"
+        assert _gone_within(pids, 15), "api stop left the server running"
+        assert _cli(env, "api", "stop").stdout.strip() == "not running"
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
