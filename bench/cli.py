@@ -2,7 +2,9 @@
 
 Indexes the sample corpus into a temporary home, then times (median of N runs) a no-op refresh, a lexical, a
 dense and a hybrid query, a small change (one file edited) and, on a corpus of 100 files or more, a 1% change as
-the peer benchmark makes it (1% of the files get a sentence appended, 1% are deleted, 1% are added with new text).
+the peer benchmark makes it (1% of the files get a sentence appended, 1% are deleted, 1% are added with new text),
+both with the local Prefect API server the commands share (started by the first build) and, as "own API", with
+CORPUSYNC_LOCAL_API_LINGER_S=0 (each command starts and stops its own, as before the shared server).
 With --baseline REF the same is measured, in
 the same run, for the code at git REF (a temporary worktree, same virtualenv, its own home), and the ratios
 current / baseline are printed.
