@@ -7,8 +7,11 @@ Heavy imports (onnxruntime, paddle) happen on first use, so the CLI starts fast.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -51,7 +54,11 @@ class OcrEngine(Protocol):
     model: str
     version: str
 
-    def recognise(self, image: np.ndarray) -> OcrResult: ...
+    def recognise(self, image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:
+        """classify_lines=False: skip the text-line direction classifier (where the engine has one), so a line
+        that is upside down reads as garbage instead of being turned: recognise_page tells a page's two
+        sideways orientations apart by that."""
+        ...
 
 
 def _version(dist: str) -> str:
@@ -63,13 +70,64 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, where the platform has one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # macOS, Windows
+        return max(os.cpu_count() or 1, 1)
+
+
+# RapidOCR's settings that differ from its defaults; none changes what is recognised but rec_batch_num (see
+# bench/ocr_speed.py: same text on the measured pages, confidence within 0.002 on the scans)
+RAPIDOCR_PARAMS: dict[str, Any] = {
+    "Global.log_level": "warning",
+    # onnxruntime's memory arena keeps the activation buffers from page to page. Without it (RapidOCR's
+    # default) every run maps fresh ones: ~700,000 page faults a page, a third of the CPU time in the kernel.
+    "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,
+    # one text line per recognition run: no padding to the widest line of a batch, and with the arena a
+    # smaller high-water mark (+300 MB for a worker against +770 MB at RapidOCR's 6)
+    "Rec.rec_batch_num": 1,
+}
+
+
+@contextmanager
+def _sessions_without_spinning() -> Iterator[None]:
+    """While RapidOCR creates its onnxruntime sessions, have their worker threads sleep between operators
+    instead of spinning (onnxruntime's default). RapidOCR has no setting for it. Spinning threads fight over
+    the CPUs with the other parse worker and the embedder: with one of 2 cores free a page took twice as long
+    (and sleeping costs ~5% on idle cores)."""
+    try:
+        from rapidocr.inference_engine.onnxruntime.main import OrtInferSession
+    except ImportError:  # another layout: the sessions spin, only slower
+        yield
+        return
+    original = OrtInferSession.__dict__.get("_init_sess_opts")
+    if not isinstance(original, staticmethod):
+        yield
+        return
+
+    def options(cfg: Any) -> Any:
+        opts = original.__func__(cfg)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return opts
+
+    OrtInferSession._init_sess_opts = staticmethod(options)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OrtInferSession._init_sess_opts = original  # type: ignore[method-assign]
+
+
 class RapidOcrEngine:
-    """PP-OCRv6 detection + recognition (+ the text-line direction classifier) through RapidOCR."""
+    """PP-OCRv6 detection + recognition (+ the text-line direction classifier) through RapidOCR, on
+    `threads` onnxruntime threads (default: every CPU this process may use)."""
 
     name = "rapidocr"
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None) -> None:
         self.version = _version("rapidocr")
+        self.threads = threads or usable_cpus()
         self._engine: Any = None
         self.model = "PP-OCR"
 
@@ -78,15 +136,20 @@ class RapidOcrEngine:
             logging.getLogger("RapidOCR").setLevel(logging.WARNING)
             from rapidocr import RapidOCR
 
-            self._engine = RapidOCR(params={"Global.log_level": "warning"})
+            engine = RapidOCR(params=RAPIDOCR_PARAMS | {
+                "EngineConfig.onnxruntime.intra_op_num_threads": self.threads})
+            with _sessions_without_spinning():  # RapidOCR loads its models on first use: all three now
+                for load in ("_load_det_model", "_load_cls_model", "_load_rec_model"):
+                    getattr(engine, load, lambda: None)()
+            self._engine = engine
             import rapidocr
 
             models = sorted(p.stem for p in (Path(str(rapidocr.__file__)).parent / "models").glob("*.onnx"))
             self.model = "+".join(models) or "PP-OCR"
         return self._engine
 
-    def recognise(self, image: np.ndarray) -> OcrResult:
-        out = self._load()(image, use_cls=True)
+    def recognise(self, image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:
+        out = self._load()(image, use_cls=classify_lines)
         lines = []
         for box, text, score in zip(out.boxes if out.boxes is not None else [], out.txts or (), out.scores or (),
                                     strict=False):
@@ -116,7 +179,8 @@ class PaddleOcrEngine:
                                  use_doc_orientation_classify=False, use_doc_unwarping=False,
                                  use_textline_orientation=False)
 
-    def recognise(self, image: np.ndarray) -> OcrResult:
+    def recognise(self, image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:
+        """classify_lines is moot: the pipeline runs without the text-line orientation model."""
         lines = []
         for page in self._engine.predict(image):
             for text, score, box in zip(page["rec_texts"], page["rec_scores"], page["rec_boxes"], strict=False):
@@ -150,11 +214,11 @@ def _mostly_vertical(result: OcrResult) -> bool:
 _OUT_OF_MEMORY = re.compile(r"(?i)out of memory|bad_alloc|failed to allocate|cannot allocate")
 
 
-def _recognise(engine: OcrEngine, image: np.ndarray) -> OcrResult:
+def _recognise(engine: OcrEngine, image: np.ndarray, **kwargs: Any) -> OcrResult:
     """engine.recognise with its failures typed: MemoryError when it ran out of memory (onnxruntime and paddle
     raise RuntimeErrors for that), OcrError for anything else, so the parser can tell them from a bad file."""
     try:
-        return engine.recognise(image)
+        return engine.recognise(image, **kwargs)
     except MemoryError:
         raise
     except Exception as exc:
@@ -164,16 +228,25 @@ def _recognise(engine: OcrEngine, image: np.ndarray) -> OcrResult:
 
 
 def recognise_page(engine: OcrEngine, image: np.ndarray) -> OcrResult:
-    """OCR an image; when the recognised lines run mostly vertically (a page scanned sideways), also try it
-    turned 90 degrees both ways and keep the reading with the most confident text. Raises OcrError when the
-    engine fails, MemoryError when it runs out of memory."""
-    best = _recognise(engine, image)
-    if _mostly_vertical(best) or (best.confidence < 0.6 and image.shape[0] < image.shape[1]):
-        for k, degrees in ((1, 90), (3, 270)):
-            turned = _recognise(engine, np.ascontiguousarray(np.rot90(image, k)))
-            turned.rotation = degrees
-            if turned.weight > best.weight * 1.2:
-                best = turned
+    """OCR an image: one engine pass for an upright page. When the recognised lines run mostly vertically (a
+    page scanned sideways) or a landscape page reads badly, also read it turned 90 degrees, each way if
+    needed. Those passes skip the line classifier: turned the wrong way a page is upside down and reads as
+    garbage, so the two orientations tell apart (with the classifier both read well, one in reverse line
+    order). A sideways page turned upright reads about as well as its first reading, now in horizontal
+    lines: that one is kept; otherwise a turned reading must have 1.2x the confident text. Raises OcrError
+    when the engine fails, MemoryError when it runs out of memory."""
+    first = _recognise(engine, image)
+    sideways = _mostly_vertical(first)
+    if not sideways and not (first.confidence < 0.6 and image.shape[0] < image.shape[1]):
+        return first
+    best = first
+    for k, degrees in ((1, 90), (3, 270)):
+        turned = _recognise(engine, np.ascontiguousarray(np.rot90(image, k)), classify_lines=False)
+        turned.rotation = degrees
+        if sideways and not _mostly_vertical(turned) and turned.weight >= 0.9 * first.weight:
+            return turned
+        if turned.weight > best.weight * 1.2:
+            best = turned
     return best
 
 

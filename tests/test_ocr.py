@@ -1,0 +1,121 @@
+"""recognise_page's orientation passes (a scripted engine: which passes run, which reading is kept) and the
+real RapidOCR engine on a scanned letter upright, sideways both ways and upside down; the engine's
+onnxruntime settings (memory arena on, threads that sleep instead of spinning)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymupdf
+import pytest
+
+from corpusync.ocr import OcrLine, OcrResult, RapidOcrEngine, build_ocr_engine, lines_to_paragraphs, recognise_page
+from tests.conftest import TEST_DATA
+
+LETTER = "pdfplumber-test-pdfs/zh/pr-136-example"
+
+
+def _lines(n: int, score: float, *, vertical: bool) -> list[OcrLine]:
+    if vertical:
+        return [OcrLine("天健会计师事务所", score, (10.0 + 40 * i, 10.0, 40.0 + 40 * i, 300.0)) for i in range(n)]
+    return [OcrLine("天健会计师事务所", score, (10.0, 10.0 + 40 * i, 300.0, 40.0 + 40 * i)) for i in range(n)]
+
+
+class Scripted:
+    """Returns the scripted reading for each pass: the first (k=0), then turned 90 (k=1), then 270 (k=3)."""
+
+    name, model, version = "scripted", "m", "1"
+
+    def __init__(self, readings: dict[int, list[OcrLine]]) -> None:
+        self.readings = readings
+        self.calls: list[tuple[int, bool]] = []
+
+    def recognise(self, image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:
+        k = (0, 1, 3)[len(self.calls)]
+        self.calls.append((k, classify_lines))
+        return OcrResult(list(self.readings[k]), self.name, self.model)
+
+
+PORTRAIT = np.zeros((400, 300, 3), dtype=np.uint8)
+
+
+def test_an_upright_page_is_read_once_with_the_line_classifier() -> None:
+    engine = Scripted({0: _lines(5, 0.99, vertical=False)})
+    result = recognise_page(engine, PORTRAIT)
+    assert engine.calls == [(0, True)] and result.rotation == 0
+
+
+def test_a_sideways_page_is_turned_upright_with_the_turned_passes_unclassified() -> None:
+    # turned 90 it is upside down (garbage without the classifier); turned 270 it reads as well as the first
+    # reading, in horizontal lines: that one is kept, though it is not 1.2x better
+    engine = Scripted({0: _lines(5, 0.99, vertical=True), 1: _lines(3, 0.5, vertical=False),
+                                 3: _lines(5, 0.98, vertical=False)})
+    result = recognise_page(engine, PORTRAIT)
+    assert engine.calls == [(0, True), (1, False), (3, False)] and result.rotation == 270
+
+
+def test_a_sideways_page_upright_at_the_first_turn_needs_no_third_pass() -> None:
+    engine = Scripted({0: _lines(5, 0.99, vertical=True), 1: _lines(5, 0.99, vertical=False)})
+    result = recognise_page(engine, PORTRAIT)
+    assert engine.calls == [(0, True), (1, False)] and result.rotation == 90
+
+
+def test_vertical_writing_that_reads_worse_turned_stays_as_it_is() -> None:
+    engine = Scripted({0: _lines(5, 0.99, vertical=True), 1: _lines(5, 0.6, vertical=False),
+                                 3: _lines(5, 0.6, vertical=False)})
+    assert recognise_page(engine, PORTRAIT).rotation == 0 and len(engine.calls) == 3
+
+
+def test_a_badly_read_landscape_page_needs_a_clearly_better_turned_reading() -> None:
+    landscape = np.zeros((300, 400, 3), dtype=np.uint8)
+    engine = Scripted({0: _lines(2, 0.5, vertical=False), 1: _lines(2, 0.55, vertical=False),
+                                  3: _lines(2, 0.9, vertical=False)})
+    assert recognise_page(engine, landscape).rotation == 270 and len(engine.calls) == 3
+
+
+# --- the real engine --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def letter_page() -> np.ndarray:
+    """Page 1 of the scanned auditor letter at 100 dpi (the full file, else its bundled excerpt)."""
+    corpus = TEST_DATA / "corpus"
+    path = next(p for p in (corpus / f"{LETTER}.pdf", corpus / f"{LETTER}-p1-2.pdf") if p.is_file())
+    with pymupdf.open(path) as doc:
+        pix = doc[0].get_pixmap(dpi=100, colorspace="rgb", alpha=False)
+    return np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, 3).copy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("k", "rotation", "passes"), [(0, 0, 1), (1, 270, 3), (3, 90, 2), (2, 0, 1)])
+def test_real_scan_in_every_orientation(letter_page: np.ndarray, k: int, rotation: int, passes: int) -> None:
+    """Sideways both ways: turned upright, the letterhead first; upside down: the line classifier turns
+    each line (one pass; the line order stays the page's)."""
+    engine = build_ocr_engine("rapidocr")
+    assert isinstance(engine, RapidOcrEngine)
+    calls = []
+    real = engine.recognise
+
+    def counting(image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:
+        calls.append(classify_lines)
+        return real(image, classify_lines=classify_lines)
+
+    engine.recognise = counting  # type: ignore[method-assign]
+    try:
+        result = recognise_page(engine, np.ascontiguousarray(np.rot90(letter_page, k)))
+    finally:
+        del engine.recognise
+    paragraphs = lines_to_paragraphs(result.lines)
+    assert result.rotation == rotation and len(calls) == passes and result.confidence > 0.95
+    assert "天健会计师事务所" in "".join(paragraphs)
+    if k != 2:
+        assert "天健会计师事务所" in paragraphs[0]
+
+
+def test_rapidocr_sessions_use_the_arena_and_do_not_spin() -> None:
+    engine = build_ocr_engine("rapidocr")
+    assert isinstance(engine, RapidOcrEngine)
+    ocr = engine._load()
+    for model in (ocr.text_det, ocr.text_cls, ocr.text_rec):
+        opts = model.session.session.get_session_options()
+        assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert opts.enable_cpu_mem_arena and opts.intra_op_num_threads == engine.threads
