@@ -75,7 +75,10 @@ def _server_command(port: int, app_dir: str) -> list[str]:
 
 
 def _server_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    """This process's environment less what the server has no use for: corpusync's settings (the database
+    password among them) do not live on in a server that outlasts the command."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"PREFECT_API_URL", "DATABASE_URL"} and not k.startswith("CORPUSYNC_")}
     env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
     return env
 
@@ -316,10 +319,12 @@ def stop_shared() -> bool:
     pid = state.get("pid") if state else None
     if not isinstance(pid, int) or not _alive(pid):
         return False
-    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGTERM)  # the supervisor stops the server (5 s for its writes), then exits
     deadline = time.monotonic() + 10
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if _alive(pid):  # stuck: its server dies with it (PR_SET_PDEATHSIG)
+        os.kill(pid, signal.SIGKILL)
     return True
 
 

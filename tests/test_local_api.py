@@ -1,6 +1,7 @@
 """The local Prefect API server CLI commands share (corpusync/prefect_local.py): the next command reuses it,
-it stops by itself once no command has used it for its linger time, also after a command was SIGKILLed,
-and `corpusync api stop` stops it. Real refreshes in fresh processes, a real Prefect server."""
+`corpusync api stop` stops it, and it stops by itself once no command has used it for its linger time, also
+when the command that used it was SIGKILLed (a released lease and a dead one count the same: not in use).
+Real refreshes in fresh processes, a real Prefect server."""
 
 from __future__ import annotations
 
@@ -67,26 +68,34 @@ def _server_pids(supervisor: int) -> list[int]:
     return [supervisor, uvicorn]
 
 
-def test_the_next_command_reuses_the_server_which_then_stops_after_its_linger(  # type: ignore[no-untyped-def]
+def test_the_next_command_reuses_the_server_and_api_stop_stops_it(  # type: ignore[no-untyped-def]
         settings, corpus: Path, tmp_path: Path) -> None:
-    env = _cli_env(settings, tmp_path / "prefect", 6)
+    env = _cli_env(settings, tmp_path / "prefect", 600)
     assert _status(env) is None
     _cli(env, "refresh", str(corpus), "-q")
     first = _status(env)
-    assert first is not None and first["healthy"] and first["commands"] == 0, first
+    assert first is not None and first["healthy"] and first["commands"] == 0, first  # its lease is released
     pids = _server_pids(first["pid"])
+    try:
+        for pid in pids:  # the server outlives the command: not with its settings (the database password)
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert not [v for v in environ if v.startswith((b"CORPUSYNC_", b"DATABASE_URL="))], pid
+        edited = sorted(p for p in corpus.rglob("*.md"))[0]
+        edited.write_text(edited.read_text(encoding="utf-8") + "\n\nOne more sentence.\n", encoding="utf-8")
+        _cli(env, "refresh", str(corpus), "-q")  # a flow run again: on the same server
+        second = _status(env)
+        assert second is not None and second["pid"] == first["pid"] and second["url"] == first["url"]
+        runs = _flow_runs(first["url"])
+        assert sorted(r["state_type"] for r in runs) == ["COMPLETED", "COMPLETED"], runs
 
-    edited = sorted(p for p in corpus.rglob("*.md"))[0]
-    edited.write_text(edited.read_text(encoding="utf-8") + "\n\nOne more sentence.\n", encoding="utf-8")
-    _cli(env, "refresh", str(corpus), "-q")  # a flow run again: on the same server
-    second = _status(env)
-    assert second is not None and second["pid"] == first["pid"] and second["url"] == first["url"]
-    runs = _flow_runs(first["url"])
-    assert sorted(r["state_type"] for r in runs) == ["COMPLETED", "COMPLETED"], runs
-
-    assert _gone_within(pids, 6 + 15), "the server outlived its linger time"
-    assert _status(env) is None
-    assert not (tmp_path / "prefect" / "corpusync-local-api" / "state.json").exists()
+        assert _cli(env, "api", "stop").stdout.strip() == "stopped"
+        assert _gone_within(pids, 15), "api stop left the server running"
+        assert _status(env) is None and _cli(env, "api", "stop").stdout.strip() == "not running"
+        assert not (tmp_path / "prefect" / "corpusync-local-api" / "state.json").exists()
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_sigkilled_command_does_not_keep_the_server_beyond_its_linger(  # type: ignore[no-untyped-def]
@@ -106,20 +115,4 @@ def test_a_sigkilled_command_does_not_keep_the_server_beyond_its_linger(  # type
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert _gone_within(pids, 2 + 15), "the server outlived the SIGKILLed command's linger time"
-
-
-def test_api_stop_stops_the_server_and_the_next_command_starts_a_new_one(  # type: ignore[no-untyped-def]
-        settings, corpus: Path, tmp_path: Path) -> None:
-    env = _cli_env(settings, tmp_path / "prefect", 600)
-    _cli(env, "refresh", str(corpus), "-q")
-    info = _status(env)
-    assert info is not None
-    pids = _server_pids(info["pid"])
-    try:
-        assert _cli(env, "api", "stop").stdout.strip() == "stopped"
-        assert _gone_within(pids, 15), "api stop left the server running"
-        assert _cli(env, "api", "stop").stdout.strip() == "not running"
-    finally:
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    assert not (folder / "state.json").exists() and not (folder / "leases" / str(proc.pid)).exists()
