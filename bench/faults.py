@@ -43,6 +43,7 @@ STEPS = {"discover": ("pipeline", "step_discover"), "diff": ("pipeline", "step_d
          "prune": ("pipeline", "step_prune")}
 PROGRESS = {"discover", "parse", "chunk", "embed", "load"}  # stages that report per item (mid-stage pauses)
 PER_CALL = {"chunk", "embed", "load"}  # their items are calls (a document, a batch)
+BUILD = ("parse", "chunk", "embed", "validate", "load")  # interleaved, batch by batch (corpusync/build.py)
 MODES = {"startup": ["timer"], "finish": ["start"]}
 REDUCED_PLAN = "parse:mid,embed:mid,load:mid,finish:start"
 GIB = 1 << 30
@@ -687,8 +688,16 @@ def _point(c: Campaign, stage: str, mode: str) -> tuple[str, float]:
     return "", c.rng.uniform(0, max(0.0, t1 - t0)) if t0 is not None else 0.0
 
 
+def _past(stage: str, pause: str) -> int:
+    """The last stage that may start before a pause at `stage` is reached: the streamed build's stages run
+    batch by batch, so chunking (and embedding ...) starts while the parse workers are still at work."""
+    if pause and stage in BUILD:
+        return STAGES.index(BUILD[-1])
+    return STAGES.index(stage)
+
+
 def _kill_when(proc: Proc, stage: str, pause: str, delay: float, timeout: float) -> tuple[float | None, str]:
-    deadline, idx = time.monotonic() + timeout, STAGES.index(stage)
+    deadline = time.monotonic() + timeout
     anchor = proc.t0 if stage == "startup" else None
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
@@ -700,7 +709,8 @@ def _kill_when(proc: Proc, stage: str, pause: str, delay: float, timeout: float)
             anchor = anchor or next((m[0] for m in marks if m[1] == "start" and m[2] == stage), None)
             if anchor is not None and time.monotonic() >= anchor + delay:
                 return proc.kill_tree(), "timer"
-        if (pause or anchor is None) and any(m[1] == "start" and STAGES.index(m[2]) > idx for m in marks):
+        if (pause or anchor is None) and any(m[1] == "start" and STAGES.index(m[2]) > _past(stage, pause)
+                                              for m in marks):
             return proc.kill_tree(), "passed the point"
         time.sleep(0.005)
     return proc.kill_tree(), "timeout"

@@ -28,6 +28,7 @@ log = logging.getLogger("corpusync.embed")
 # ("cannot import name 'AutoTokenizer'"). Every import of torch / transformers / FlagEmbedding here (the
 # refresh's warm-up thread and the first use of the tokenizer or the model) takes this lock.
 _IMPORTS = threading.RLock()
+_MODEL_LOADS = threading.Lock()
 
 
 def preload_libraries() -> None:
@@ -243,7 +244,15 @@ class FlagEmbedder:
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
     @cached_property
     def model(self) -> Any:
-        """The FlagEmbedding model, moved to the device once (FlagEmbedding would re-do this per call)."""
+        """The FlagEmbedding model, moved to the device once (FlagEmbedding would re-do this per call). The
+        warm-up thread and the first embed may ask at once: one loads, the other waits for it (from Python
+        3.12 on, cached_property no longer locks)."""
+        with _MODEL_LOADS:
+            if (loaded := self.__dict__.get("model")) is None:
+                loaded = self.__dict__["model"] = self._load_model()
+        return loaded
+
+    def _load_model(self) -> Any:
         import warnings
 
         with warnings.catch_warnings():
