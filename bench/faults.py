@@ -255,8 +255,13 @@ class Proc:
                 "peak_file": after_peak[0] if after_peak and self.stage_at(self.peak_at) == "parse" else None}
 
     def stage_at(self, t: float) -> str:
-        """The stage the process was in at monotonic time t (the last stage started before it)."""
-        started = [m[2] for m in self.marks() if m[1] == "start" and m[0] <= t]
+        """The stage the process was in at monotonic time t: where it paused itself, else the last stage
+        started before t (in the streamed build, chunking starts while parsing goes on: a pause names it)."""
+        marks = self.marks()
+        paused = [m[2] for m in marks if m[1] == "paused" and m[0] <= t]
+        if paused:
+            return paused[-1]
+        started = [m[2] for m in marks if m[1] == "start" and m[0] <= t]
         return started[-1] if started else "startup"
 
     def paused(self) -> bool:
