@@ -31,10 +31,10 @@ _worker: _SuiteWorker | None = None
 
 def _init_worker(parent: int) -> None:
     """The worker's initializer: tied to the refresh's life (corpusync/lifetime.py), then the imports the
-    first suite would pay, at a low CPU priority. Never raises (the pool would be broken); the suite reports
+    first suite would pay (not at a lower CPU priority: under load, a niced worker took seconds to die with
+    its SIGKILLed refresh, tests/test_fault_campaign.py). Never raises (the pool would be broken); the suite reports
     a real import failure."""
     die_with_parent(parent)
-    os.nice(10)  # its imports run ahead, on otherwise idle CPU: never at the expense of the refresh itself
     try:
         import great_expectations  # noqa: F401
         import pandas  # noqa: F401
