@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,7 +91,7 @@ def _healthy(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _wait_healthy(api: API, gone: Any) -> str:
+def _wait_healthy(api: API, gone: Callable[[], None]) -> str:
     """Poll the health check until it answers; `gone()` raises (or restarts the server) when it died."""
     timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
     deadline = time.monotonic() + timeout_s
@@ -121,14 +121,13 @@ class LocalAPI:
         self.process = _popen_dying_with_parent(_server_command(self.port, _app_dir()), env=_server_env())
 
     def wait_ready(self) -> str:
-        def gone() -> bool:
+        def gone() -> None:
             assert self.process is not None
             code = self.process.poll()
             if code == 3:  # the port was taken meanwhile: Prefect's own start does the same
                 self._spawn()
             elif code is not None:
                 raise RuntimeError(f"Prefect's ephemeral API server exited with code {code} while starting")
-            return False
 
         return _wait_healthy(self, gone)
 
@@ -292,7 +291,7 @@ class SharedAPI:
     def wait_ready(self) -> str:
         restarts = 0
 
-        def gone() -> bool:
+        def gone() -> None:
             nonlocal restarts
             if not _alive(self.pid):
                 restarts += 1
@@ -300,7 +299,6 @@ class SharedAPI:
                     log = (self.folder / _LOG_NAME).read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"Prefect's local API server keeps exiting while starting:\n{log}")
                 self._attach(restart=True)
-            return False
 
         return _wait_healthy(self, gone)
 
