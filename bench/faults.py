@@ -185,6 +185,18 @@ class Outcome:
                 "stderr_tail": self.stderr_tail[-600:] if self.rc not in (0, None) else ""}
 
 
+def _process_label(p: Any) -> str:
+    """A short name for a process of a refresh's tree (pids tell the pool workers apart)."""
+    cmd = " ".join(p.cmdline())
+    if "resource_tracker" in cmd:
+        return "tracker"
+    if "spawn_main" in cmd or "forkserver" in cmd:
+        return f"worker:{p.pid}"
+    if "uvicorn" in cmd or "prefect" in cmd.split(" -c ")[0]:
+        return "prefect-api"
+    return f"refresh:{p.pid}"
+
+
 class Proc:
     """One CLI process in its own session (so its whole tree can be killed), its marks, its peak RSS."""
 
@@ -199,6 +211,7 @@ class Proc:
             self.popen = subprocess.Popen(full, cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True)
         self.pid = self.popen.pid
         self.peak_rss, self.peak_at, self.peak_rss_sum = 0, 0.0, 0  # peak_rss: of the PSS sum
+        self.peak_parts: list[tuple[str, int]] = []  # (process, PSS bytes) at the peak
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
 
@@ -213,19 +226,25 @@ class Proc:
             return
         while self.popen.poll() is None:
             pss = rss = 0
+            parts: list[tuple[str, int]] = []
             try:
                 for p in [root, *root.children(recursive=True)]:
                     try:
                         mem = p.memory_full_info()
                         pss, rss = pss + getattr(mem, "pss", mem.rss), rss + mem.rss
+                        parts.append((_process_label(p), getattr(mem, "pss", mem.rss)))
                     except psutil.Error:
                         pass
             except psutil.Error:
                 break
             self.peak_rss_sum = max(self.peak_rss_sum, rss)
             if pss > self.peak_rss:
-                self.peak_rss, self.peak_at = pss, time.monotonic()
+                self.peak_rss, self.peak_at, self.peak_parts = pss, time.monotonic(), parts
             time.sleep(0.1)
+
+    def peak_breakdown(self) -> str:
+        """The processes at the peak, largest first: 'refresh 1210, worker 640, ...' (MiB PSS)."""
+        return ", ".join(f"{name} {size >> 20}" for name, size in sorted(self.peak_parts, key=lambda x: -x[1]))
 
     def marks(self) -> list[tuple[float, str, str, int]]:
         out = []

@@ -499,6 +499,7 @@ def run_hostile(c: Any) -> dict[str, Any]:
         f"  peak memory of the process tree {out.peak_rss >> 20} MiB PSS (bound {bound} MiB; summed RSS "
         f"{out.peak_rss_sum >> 20} MiB) in {profile['peak_stage']}"
         + (f" (next file done: {profile['peak_file']})" if profile["peak_file"] else "")
+        + f"; at the peak, MiB PSS: {proc.peak_breakdown()}"
         + f"; wall {out.wall:.0f} s (timings {(out.summary or {}).get('timings')})",
         "  slowest to parse: " + ", ".join(f"{p} {t} s" for p, t in profile["slowest"]),
         f"  rerun: rc {rerun.rc} {rerun.status}, parse {rec['rerun']['parse_s']} s",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 import unicodedata
@@ -385,7 +386,8 @@ class Analyzer:
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch and Prefect threads
         chunksize = max(1, min(256, len(texts) // (4 * processes)))
-        with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_warm, initargs=(self,)) as pool:
+        with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_warm,
+                                 initargs=(self, os.getpid())) as pool:
             return list(pool.map(self._analyze, texts, chunksize=chunksize))
 
 
@@ -394,8 +396,12 @@ def _cached_analyzer(lex: Path | None, _lex_sha: str, syn: Path | None, _syn_sha
     return Analyzer(lex, syn)
 
 
-def _warm(analyzer: Analyzer) -> None:
-    """Pool initializer: unpickling built the worker's jieba; one call loads the HMM model too."""
+def _warm(analyzer: Analyzer, parent: int) -> None:
+    """Pool initializer: gone within a fraction of a second of a SIGKILLed refresh; unpickling built the
+    worker's jieba; one call loads the HMM model too."""
+    from corpusync.lifetime import watch_parent
+
+    watch_parent(parent)
     analyzer.tokens("预热")
 
 

@@ -4,7 +4,8 @@ A refresh killed with SIGKILL (the OOM killer, a CI timeout) runs no exit handle
 started (Prefect's ephemeral API server, the validation worker) would live on, orphaned, holding ports and
 its parent's stdout. On Linux the kernel can signal a child when its parent goes (PR_SET_PDEATHSIG).
 The signal fires when the *thread* that created the child exits, so children are started from the main
-thread, or from a thread that lives as long as they must.
+thread, or from a thread that lives as long as they must. Pool workers, which a pool's own threads start
+and restart, watch their parent's pid instead (`watch_parent`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -28,6 +31,23 @@ def die_with_parent(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def watch_parent(parent: int, interval_s: float = 0.25) -> None:
+    """Run first thing in a pool worker: exit within `interval_s` of `parent` going. A daemon thread polls
+    the parent pid, so it works whichever thread of the parent started the worker (the pool's manager
+    thread restarts workers; a PR_SET_PDEATHSIG tied to a short-lived thread would kill them early) and
+    while the worker is busy importing or parsing (the thread gets the interpreter lock every few ms)."""
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:  # re-parented: the refresh is gone, and nobody will read our result
+                os._exit(1)
+
+    threading.Thread(target=watch, name="corpusync-watch-parent", daemon=True).start()
 
 
 def stop_process(proc: subprocess.Popen[Any], grace_s: float) -> None:

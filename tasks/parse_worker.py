@@ -32,6 +32,7 @@ from typing import Any
 from pebble import ProcessExpired, ProcessPool
 
 from corpusync.errors import ParseError
+from corpusync.lifetime import watch_parent
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
 
@@ -85,9 +86,12 @@ def _apply_memory_limit(memory_mb: int) -> str | None:
     return None
 
 
-def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tuple[str, ...]) -> None:
-    """pebble's initializer: memory limit first (it bounds the warm-up too), then the warm-up. It never
-    raises: a failing initializer would make pebble declare the whole pool broken."""
+def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tuple[str, ...],
+                 parent: int) -> None:
+    """pebble's initializer: tied to the refresh's life (a worker busy warming up or parsing when the refresh
+    is SIGKILLed exits within a fraction of a second), memory limit (it bounds the warm-up too), then the
+    warm-up. It never raises: a failing initializer would make pebble declare the whole pool broken."""
+    watch_parent(parent)
     _WORKER.update(options=options, memory_mb=memory_mb, parse=parse, problem=_apply_memory_limit(memory_mb))
     try:
         from corpusync.offline import apply_offline_defaults
@@ -203,7 +207,8 @@ class ParsePool:
     def _running_pool(self) -> ProcessPool:
         if self._pool is None:
             self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
-                                     initargs=(self.options, self.memory_mb, self.parse_fn, self._warm),
+                                     initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
+                                               os.getpid()),
                                      context=mp.get_context("spawn"))  # never fork a process with threads
         return self._pool
 

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from corpusync.lifetime import die_with_parent
+from corpusync.lifetime import die_with_parent, watch_parent
 from tasks.validate import SuiteResult, Thresholds, run_suite
 
 log = logging.getLogger("corpusync.validate")
@@ -35,6 +35,7 @@ def _init_worker(parent: int) -> None:
     its SIGKILLed refresh, tests/test_fault_campaign.py). Never raises (the pool would be broken); the suite reports
     a real import failure."""
     die_with_parent(parent)
+    watch_parent(parent)  # PR_SET_PDEATHSIG follows the thread that started the worker; this the process
     try:
         import great_expectations  # noqa: F401
         import pandas  # noqa: F401

@@ -8,6 +8,7 @@ import shutil
 import uuid
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,9 @@ def template_db(pg_server: str) -> str:
     return "corpusync_template"
 
 
-@pytest.fixture
-def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+@contextmanager
+def new_database(pg_server: str, template_db: str) -> Iterator[str]:
+    """A fresh database cloned from the migrated template; dropped afterwards."""
     from corpusync import db
 
     name = f"t_{uuid.uuid4().hex[:12]}"
@@ -72,12 +74,22 @@ def db_url(pg_server: str, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
+def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+    with new_database(pg_server, template_db) as url:
+        yield url
+
+
+def make_settings(home: Path, db_url: str):  # type: ignore[no-untyped-def]
+    """The tests' settings: MiniLM's 128-token chunks, `home` created."""
     from schemas.settings import Settings
 
-    home = tmp_path / "home"
-    home.mkdir()
+    home.mkdir(parents=True, exist_ok=True)
     return Settings(home=home, database_url=db_url, chunk_max_tokens=128)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
+    return make_settings(tmp_path / "home", db_url)
 
 
 @pytest.fixture
@@ -108,11 +120,28 @@ def prefect_harness() -> Iterator[None]:
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     """A small bilingual corpus copied from the bundled sample (so tests can edit it)."""
-    dst = tmp_path / "corpus"
-    dst.mkdir()
+    return small_corpus(tmp_path / "corpus")
+
+
+def small_corpus(dst: Path) -> Path:
+    """Six files of the bundled sample (English, Chinese, a contract) copied to `dst`."""
+    dst.mkdir(parents=True)
     for rel in ["en/Super_Bowl_50.md", "en/Normans.md", "zh/DEV_0.txt", "zh/DEV_1.txt", "zh/DEV_2.txt",
                 "docs/contract-terms.md"]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SAMPLE / rel, target)
     return dst
+
+
+# The longest test files first, so that under `make test`'s two workers (whole files each) none of them is
+# left to run alone at the end.
+LONGEST_FIRST = ("test_fault_campaign.py", "test_parse_corpus.py", "test_install.py", "test_deploy_recipe.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file, and of the other files, is kept

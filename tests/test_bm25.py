@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from corpusync.lexical import Analyzer
 from query.search import Searcher
+from tests.conftest import make_settings, new_database
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 
@@ -32,15 +34,40 @@ QUERIES = [
 ]
 
 
-@pytest.fixture
-def sample(prefect_harness, settings, tmp_path: Path, embedder) -> Any:  # type: ignore[no-untyped-def]
+def index_sample(settings: Any, folder: Path) -> tuple[Any, Path]:
     from flows.refresh import refresh
 
-    corpus = tmp_path / "sample"
+    corpus = folder / "sample"
     shutil.copytree(SAMPLE, corpus)
     summary = refresh(str(corpus), settings=settings)
     assert summary["published"]
     return settings, corpus
+
+
+@pytest.fixture(scope="module")
+def shared_sample(prefect_harness, pg_server: str, template_db: str,  # type: ignore[no-untyped-def]
+                  tmp_path_factory: pytest.TempPathFactory, embedder) -> Iterator[tuple[Any, Path]]:
+    """The sample indexed once for the tests that only read it (its OCR and embedding are most of a test)."""
+    folder = tmp_path_factory.mktemp("bm25-sample")
+    with new_database(pg_server, template_db) as url:
+        yield index_sample(make_settings(folder / "home", url), folder)
+
+
+@pytest.fixture
+def sample(shared_sample: tuple[Any, Path]) -> tuple[Any, Path]:
+    return shared_sample
+
+
+@pytest.fixture
+def settings(shared_sample: tuple[Any, Path]) -> Any:
+    """conftest's `conn` opens the shared index."""
+    return shared_sample[0]
+
+
+@pytest.fixture
+def own_sample(prefect_harness, db_url: str, tmp_path: Path, embedder) -> tuple[Any, Path]:  # type: ignore[no-untyped-def]
+    """The sample indexed for one test that changes it."""
+    return index_sample(make_settings(tmp_path / "home", db_url), tmp_path)
 
 
 def live_chunks(conn: Any, generation: int) -> list[tuple[int, str]]:
@@ -120,28 +147,29 @@ def test_postings_hold_the_analyzers_term_counts(sample, conn) -> None:  # type:
     assert total == sum(sum(Counter(analyzer.tokens(t)).values()) for _, t, *_ in rows)
 
 
-def test_statistics_come_from_the_generation_queried(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
+def test_statistics_come_from_the_generation_queried(own_sample, embedder) -> None:  # type: ignore[no-untyped-def]
+    from corpusync.runtime import open_database
+    from corpusync.store.generations import prune
     from flows.refresh import refresh
 
-    settings, corpus = sample
+    settings, corpus = own_sample
     for f in sorted(corpus.rglob("*.md"))[:2]:
         f.unlink()
     (corpus / "new-note.md").write_text("# 付款说明\n\n付款方式为银行转账，付款期限为三十日。\n", encoding="utf-8")
     assert refresh(str(corpus), settings=settings, allow_mass_delete=True)["generation"] == 2
-    s = Searcher(settings, conn, embedder)
-    analyzer = Analyzer.from_settings(settings)
-    q = "付款方式 付款期限 Normans"
-    for gen in (1, 2):
-        ids, ref = reference(conn, analyzer, gen, settings.bm25_k1, settings.bm25_b)
-        assert_same_ranking(s.search(q, k=10, mode="lexical", generation=gen), ids,
-                            ref_scores(ref, analyzer.query(q).terms))
-    # prune removes the postings of versions no retained generation shows, with them
-    from corpusync.store.generations import prune
-
-    prune(conn, 0)
-    orphans = conn.execute("SELECT count(*) FROM corpusync.postings p WHERE NOT EXISTS "
-                           "(SELECT 1 FROM corpusync.document_versions v WHERE v.id = p.version_id)").fetchone()[0]
-    assert orphans == 0
+    with open_database(settings) as conn:
+        s = Searcher(settings, conn, embedder)
+        analyzer = Analyzer.from_settings(settings)
+        q = "付款方式 付款期限 Normans"
+        for gen in (1, 2):
+            ids, ref = reference(conn, analyzer, gen, settings.bm25_k1, settings.bm25_b)
+            assert_same_ranking(s.search(q, k=10, mode="lexical", generation=gen), ids,
+                                ref_scores(ref, analyzer.query(q).terms))
+        # prune removes the postings of versions no retained generation shows, with them
+        prune(conn, 0)
+        orphans = conn.execute("SELECT count(*) FROM corpusync.postings p WHERE NOT EXISTS "
+                               "(SELECT 1 FROM corpusync.document_versions v WHERE v.id = p.version_id)").fetchone()[0]
+        assert orphans == 0
 
 
 def indexed_text(conn: Any, hit: Any) -> str:

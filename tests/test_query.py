@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +16,53 @@ from pgvector import HalfVector
 from corpusync.errors import CorpusyncError
 from corpusync.lexical import Analyzer
 from query.search import Searcher, build_filter
+from tests.conftest import make_settings, new_database, small_corpus
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 
 
-@pytest.fixture
-def indexed(prefect_harness, settings, corpus: Path, embedder) -> Any:  # type: ignore[no-untyped-def]
+def index_corpus(settings: Any, corpus: Path) -> Any:
     from flows.refresh import refresh
 
     (corpus / "docs/contract-terms.md.meta.json").write_text(json.dumps({"region": "East", "year": 2024}))
     summary = refresh(str(corpus), settings=settings)
     assert summary["published"] and summary["documents"]["new"] == 6  # the sidecar is not a document
     return settings
+
+
+@pytest.fixture(scope="module")
+def shared_index(prefect_harness, pg_server: str, template_db: str,  # type: ignore[no-untyped-def]
+                 tmp_path_factory: pytest.TempPathFactory, embedder) -> Iterator[Any]:
+    """The corpus indexed once for the tests that only query it."""
+    folder = tmp_path_factory.mktemp("query-index")
+    with new_database(pg_server, template_db) as url:
+        yield index_corpus(make_settings(folder / "home", url), small_corpus(folder / "corpus"))
+
+
+@pytest.fixture
+def indexed(shared_index: Any) -> Any:
+    return shared_index
+
+
+@pytest.fixture
+def settings(shared_index: Any) -> Any:
+    """conftest's `conn` opens the shared index."""
+    return shared_index
+
+
+@pytest.fixture
+def empty_conn(db_url: str, tmp_path: Path) -> Iterator[Any]:
+    """A connection to an empty index of its own (for a test that writes rows directly)."""
+    from corpusync.runtime import open_database
+
+    with open_database(make_settings(tmp_path / "home", db_url)) as c:
+        yield c
+
+
+@pytest.fixture
+def own_index(prefect_harness, db_url: str, tmp_path: Path, corpus: Path, embedder) -> Any:  # type: ignore[no-untyped-def]
+    """The corpus indexed for one test that changes it."""
+    return index_corpus(make_settings(tmp_path / "home", db_url), corpus)
 
 
 def ids(hits: Any) -> list[int]:
@@ -100,12 +136,17 @@ def test_filters_metadata_type_chunk_type_and_dates(indexed, conn, embedder) -> 
         s.search("Normans", filters={"modified_after": "yesterday-ish"})
 
 
-def test_results_only_from_the_requested_generation(indexed, conn, embedder, corpus: Path) -> None:  # type: ignore[no-untyped-def]
+def test_results_only_from_the_requested_generation(own_index, embedder, corpus: Path) -> None:  # type: ignore[no-untyped-def]
+    from corpusync.runtime import open_database
     from flows.refresh import refresh
 
     (corpus / "zh/DEV_1.txt").write_text("全新的文档内容：量子计算机的纠错码。", encoding="utf-8")
-    assert refresh(str(corpus), settings=indexed)["generation"] == 2
-    s = Searcher(indexed, conn, embedder)
+    assert refresh(str(corpus), settings=own_index)["generation"] == 2
+    with open_database(own_index) as conn:
+        _generations_apart(Searcher(own_index, conn, embedder))
+
+
+def _generations_apart(s: Searcher) -> None:
     new = s.search("量子计算机 纠错码", k=50, mode="lexical", generation=2)
     old = s.search("量子计算机 纠错码", k=50, mode="lexical", generation=1)
     assert any("量子计算机" in h.text for h in new) and not any("量子计算机" in h.text for h in old)
@@ -150,9 +191,10 @@ def test_rerank_without_a_reranker_is_skipped_with_a_warning(indexed, conn, embe
 
 
 @pytest.mark.db
-def test_sparse_channel_in_sql(conn) -> None:  # type: ignore[no-untyped-def]
+def test_sparse_channel_in_sql(empty_conn: Any) -> None:
     """The sparse channel of corpusync.search_hybrid (BGE-M3 weights are not available offline here, so the
     rows are written directly: a 4-d dense + 16-d sparse model, three chunks with known inner products)."""
+    conn = empty_conn
     from pgvector import SparseVector
 
     from corpusync.embedders import ModelIdentity

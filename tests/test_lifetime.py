@@ -1,0 +1,76 @@
+"""A pool worker outlives a SIGKILLed refresh by a fraction of a second, even while it is busy.
+
+The fault campaign found a parse worker still warming up (importing unstructured) seconds after its
+refresh was killed: pebble's workers only notice a dead parent when they next read their channel, and a
+PR_SET_PDEATHSIG follows the thread that started the worker, not the process. `watch_parent` polls.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+PARENT = r"""
+import multiprocessing as mp, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import threading
+
+def busy(parent):
+    from corpusync.lifetime import watch_parent
+    if sys.argv[1] == "watch":
+        watch_parent(parent)
+    print("busy", flush=True)
+    while True:  # a long import or parse: never reads the pool's channel
+        sum(range(10000))
+
+def main():
+    import os
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=busy, initargs=(os.getpid(),))
+    # started from a short-lived thread, as a pool's manager thread or a warm-up thread may
+    t = threading.Thread(target=lambda: pool.submit(int))
+    t.start(); t.join()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _workers_after_kill(tmp_path: Path, mode: str, wait_s: float) -> list[int]:
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "busy"
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "resource_tracker" not in " ".join(p.cmdline())]
+        assert workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + wait_s
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        return [p.pid for p in alive]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_busy_pool_worker_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    assert _workers_after_kill(tmp_path, "watch", wait_s=10) == []  # a liveness bound, not a timing
+
+
+def test_without_the_watch_a_busy_worker_outlives_its_parent(tmp_path: Path) -> None:
+    """The control: the same worker without `watch_parent` is still running (so the test above can fail)."""
+    assert _workers_after_kill(tmp_path, "none", wait_s=2) != []
