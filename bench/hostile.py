@@ -419,7 +419,7 @@ def run_hostile(c: Any) -> dict[str, Any]:
     stay live, and the process tree stay under the RSS bound."""
     import time
 
-    from bench.faults import content, home_url
+    from bench.faults import content, home_url, tree_budget_mib
 
     spec = HostileSpec.full() if c.cfg.full else HostileSpec(seed=c.cfg.seed)
     home, src, outside = c.root / "home-hostile", c.root / "hostile" / "src", c.root / "hostile" / "outside"
@@ -477,7 +477,7 @@ def run_hostile(c: Any) -> dict[str, Any]:
     unexpected = sorted((set(after.docs) | set(quarantined)) - set(expect))
     good_kept = [p for p, d in before.docs.items() if after.docs.get(p) != d]
     rerun = c.run(home, "hostile corpus again (no change)", src, env=env)
-    bound = c.cfg.rss_bound_mib
+    bound = c.cfg.rss_bound_mib or tree_budget_mib(_parse_workers(env))
     rec.update(verdicts=verdicts, dirty_chunks=dirty, unexpected=unexpected, good_changed=good_kept,
                rerun=rerun.brief() | {"parse_s": ((rerun.summary or {}).get("timings") or {}).get("parse")},
                peak_pss_mib=out.peak_rss >> 20, peak_rss_sum_mib=out.peak_rss_sum >> 20, rss_bound_mib=bound)
@@ -507,3 +507,11 @@ def run_hostile(c: Any) -> dict[str, Any]:
           for p, v in list(wrong.items())[:25]],
     ]
     return rec
+
+
+def _parse_workers(env: dict[str, str]) -> int:
+    """The parse workers the hostile refresh runs with (its setting, else one per usable CPU)."""
+    from tasks.parse_worker import default_workers
+
+    configured = int(env.get("CORPUSYNC_PARSE_WORKERS") or os.environ.get("CORPUSYNC_PARSE_WORKERS") or 0)
+    return configured or default_workers()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -145,9 +146,54 @@ def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
     return _WORKER["problem"], pages
 
 
+TRIM_ABOVE_MIB = 256  # resident memory above which a worker hands its freed heap back after a document
+# Resident memory above which a worker also drops its OCR engine after a document. onnxruntime's arenas keep
+# their high-water mark: ~0.5 GB after an A4 page at 200 dpi (a worker then sits at 0.7-0.9 GB, and keeps
+# the engine: reloading costs ~0.4 s), ~0.9 GB after a 6,000 x 6,000 image, which a worker held, idle,
+# while the refresh chunked (bench/hostile.py). The next OCR reloads the models.
+KEEP_ENGINES_BELOW_MIB = 1024
+
+
+def _resident_mib() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _release_freed_memory() -> None:
+    """Between documents: glibc keeps a large document's freed heap, onnxruntime its arenas. Hand them back
+    once the worker has grown (on a small heap this would be a system call per document for nothing)."""
+    resident = _resident_mib()
+    if resident < TRIM_ABOVE_MIB:
+        return
+    if resident >= KEEP_ENGINES_BELOW_MIB:
+        import gc
+
+        from corpusync.ocr import build_ocr_engine
+
+        build_ocr_engine.cache_clear()
+        gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _parse(src: SourceFile) -> tuple[str | None, tuple[Any, ...]]:
-    """One document: ("ok", doc) or ("err", reason, detail), with the memory-limit report. Plain tuples:
-    exceptions with custom constructors do not cross a process boundary reliably."""
+    """One document: ("ok", the pickled doc) or ("err", reason, detail), with the memory-limit report. Plain
+    tuples: exceptions with custom constructors do not cross a process boundary reliably. The document is
+    pickled here so that what parsing it took can be freed, and handed back, before the worker waits for
+    the next one."""
+    outcome = _parse_pickled(src)
+    _release_freed_memory()
+    return _WORKER["problem"], outcome
+
+
+def _parse_pickled(src: SourceFile) -> tuple[Any, ...]:
     options: ParseOptions = _WORKER["options"]
     try:
         doc = _WORKER["parse"](src, options)
@@ -156,12 +202,12 @@ def _parse(src: SourceFile) -> tuple[str | None, tuple[Any, ...]]:
             raise ParseError(src.path, "oversized", f"its text is {chars:,} characters, over the limit of "
                              f"{options.max_chars:,} (CORPUSYNC_PARSE_MAX_CHARS; split the document or raise "
                              "the setting)")
-        return _WORKER["problem"], ("ok", doc)
+        return ("ok", pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL))
     except ParseError as exc:
-        return _WORKER["problem"], ("err", exc.reason, exc.detail)
+        return ("err", exc.reason, exc.detail)
     except MemoryError:
-        return _WORKER["problem"], ("err", "out-of-memory", "parsing exceeded the worker's memory limit of "
-                                    f"{_WORKER['memory_mb']} MiB")
+        return ("err", "out-of-memory", "parsing exceeded the worker's memory limit of "
+                f"{_WORKER['memory_mb']} MiB")
 
 
 # --- in the parent -----------------------------------------------------------------------------------------
@@ -306,7 +352,8 @@ class ParsePool:
                 job.pages = value
                 return None
             if value[0] == "ok":
-                return value[1]
+                doc: ParsedDocument = pickle.loads(value[1])  # our own worker's bytes
+                return doc
             return ParseError(path, value[1], value[2])
         if isinstance(exc, (TimeoutError, ProcessExpired)):
             self.restarts += 1

@@ -31,16 +31,17 @@ def _ocr_engine(options: ParseOptions) -> OcrEngine | None:
 def _ocr_paragraphs(image: object, page_no: int | None, options: ParseOptions, reason: str,
                     record: list[dict]) -> list[PageBlock]:
     """OCR one page image: its paragraphs, margin-band ones with their position (see PageBlock)."""
-    from corpusync.ocr import paragraphs_with_extent, recognise_page
+    from corpusync.ocr import fit_to_engine, paragraphs_with_extent, recognise_page
 
     engine = _ocr_engine(options)
     assert engine is not None
-    result = recognise_page(engine, image)  # type: ignore[arg-type]
+    image = fit_to_engine(engine, image)  # type: ignore[arg-type]
+    result = recognise_page(engine, image)
     conf = result.confidence
     record.append({"page": page_no, "reason": reason, "engine": f"{engine.name} {engine.version}",
                    "model": result.model, "confidence": round(conf, 4), "lines": len(result.lines),
                    "rotation": result.rotation, "low_confidence": conf < options.ocr_min_confidence})
-    height = float(image.shape[1] if result.rotation in (90, 270) else image.shape[0])  # type: ignore[attr-defined]
+    height = float(image.shape[1] if result.rotation in (90, 270) else image.shape[0])
     band = MARGIN_BAND * height
     # lines in the top / bottom bands are paragraphed on their own, so a running header never merges
     # into the body text below it
