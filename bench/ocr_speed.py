@@ -1,7 +1,8 @@
 """OCR seconds per page: corpusync's RapidOCR configuration against RapidOCR's defaults (the configuration
 before bench/ocr_speed.py existed), on real scanned pages and rendered text pages from ../shared/data/corpus.
 
-Both engines read the same 200 dpi renders, interleaved run by run (so load from other processes hits both
+Both engines read the same 200 dpi renders (corpusync's reduced to RapidOCR's detection size first, as
+its parse path does), interleaved run by run (so load from other processes hits both
 alike); per page it prints the median wall and CPU seconds of --repeat runs, after/before ratios, the engine
 passes recognise_page made, the mean confidence, and for text pages the character accuracy (1 - CER) and
 order-free character F1 against the page's own text layer (as bench/parse_quality.py scores them), plus how
@@ -32,7 +33,7 @@ import pymupdf  # noqa: E402
 from rapidfuzz.distance import Levenshtein  # noqa: E402
 
 from bench.parse_quality import char_f1, no_ws  # noqa: E402
-from corpusync.ocr import OcrResult, RapidOcrEngine, lines_to_paragraphs, recognise_page  # noqa: E402
+from corpusync.ocr import OcrResult, RapidOcrEngine, fit_to_engine, lines_to_paragraphs, recognise_page  # noqa: E402
 
 PAGES = [  # (file, page, scored against its text layer)
     ("pdfplumber-test-pdfs/zh/pr-136-example.pdf", 1, False),  # scanned letter, 2550x3509 page images
@@ -106,7 +107,9 @@ def main() -> None:
                 e = engines[name]
                 e.calls = 0
                 t0, c0 = time.perf_counter(), time.process_time()
-                res[name] = recognise_page(e, img)
+                # as the parse path does: corpusync's configuration reduces the render to RapidOCR's
+                # detection size first (fit_to_engine), inside the clock
+                res[name] = recognise_page(e, fit_to_engine(e.engine, img) if name == "after" else img)
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
                 passes[name] = e.calls
