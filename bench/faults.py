@@ -243,7 +243,7 @@ class Proc:
             time.sleep(0.1)
 
     def peak_breakdown(self) -> str:
-        """The processes at the peak, largest first: 'refresh 1210, worker 640, ...' (MiB PSS)."""
+        """The processes at the peak, largest first: 'worker:812 1258, refresh:790 590, ...' (MiB PSS)."""
         return ", ".join(f"{name} {size >> 20}" for name, size in sorted(self.peak_parts, key=lambda x: -x[1]))
 
     def marks(self) -> list[tuple[float, str, str, int]]:

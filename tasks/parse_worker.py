@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -175,12 +176,21 @@ def _release_freed_memory() -> None:
 
         build_ocr_engine.cache_clear()
         gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once per worker (None: not glibc)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+        fn: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+        return fn
+    except (OSError, AttributeError):
+        return None
 
 
 def _parse(src: SourceFile) -> tuple[str | None, tuple[Any, ...]]:

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from corpusync.lifetime import die_with_parent, watch_parent
+from corpusync.lifetime import watch_parent
 from tasks.validate import SuiteResult, Thresholds, run_suite
 
 log = logging.getLogger("corpusync.validate")
@@ -34,8 +34,7 @@ def _init_worker(parent: int) -> None:
     first suite would pay (not at a lower CPU priority: under load, a niced worker took seconds to die with
     its SIGKILLed refresh, tests/test_fault_campaign.py). Never raises (the pool would be broken); the suite reports
     a real import failure."""
-    die_with_parent(parent)
-    watch_parent(parent)  # PR_SET_PDEATHSIG follows the thread that started the worker; this the process
+    watch_parent(parent)  # not PR_SET_PDEATHSIG: that follows the thread that started the worker
     try:
         import great_expectations  # noqa: F401
         import pandas  # noqa: F401
