@@ -11,7 +11,6 @@ readers still see the base generation until the one publish transaction.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -20,12 +19,12 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from corpusync import lexical, progress
+from corpusync import progress
 from corpusync.errors import ParseError
+from corpusync.fanout import BatchResult, embed_batch
 from corpusync.pipeline import _quarantine, chunk_config, pipeline_fingerprint
 from corpusync.runtime import RefreshContext
-from corpusync.store import generations, vector_cache, versions
-from corpusync.vectors import VectorTable
+from corpusync.store import generations, versions
 from schemas.records import (
     ChunkedDocument,
     DiffPlan,
@@ -36,7 +35,6 @@ from schemas.records import (
     SourceFile,
 )
 from tasks import chunk as chunk_stage
-from tasks import embed as embed_stage
 from tasks import parse as parse_stage
 from tasks import validate_worker
 from tasks.parse_worker import ParsePool, default_workers
@@ -48,7 +46,7 @@ _DONE = object()
 
 
 @dataclass
-class _Validation:
+class Validation:
     """The suite's results over every batch: per expectation, success only if every batch passed."""
 
     results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -70,7 +68,7 @@ def step_build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
     The validation report (Markdown) is left in ctx.validation_report."""
     s = ctx.settings
     replaces = {src.path: live for src, live in plan.changed}
-    validation = _Validation()
+    validation = Validation()
     batch: list[ChunkedDocument] = []
     tokens = 0
     with progress.stage("build", len(plan.to_process)) as bar, closing(_parsed(ctx, plan.to_process)) as stream:
@@ -86,11 +84,40 @@ def step_build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
                 batch, tokens = [], 0
         if batch:
             _finish_batch(ctx, batch, validation)
+    return finish_build(ctx, plan, validation)
+
+
+def finish_build(ctx: RefreshContext, plan: DiffPlan, validation: Validation) -> int | None:
+    """After the last batch: the validation summary and report, deleted documents out of the candidate."""
     if validation.results:
         outcome = validation.outcome()
         ctx.summary.validation = {"expectations": outcome.results, "quarantined": sorted(outcome.failures)}
         ctx.validation_report = outcome.markdown()
     return _retire(ctx, plan)
+
+
+def register_model(ctx: RefreshContext) -> int:
+    """The embedding model's id (registered on first need), for jobs that embed elsewhere."""
+    return _model(ctx)
+
+
+def load_prepared(ctx: RefreshContext, result: BatchResult, replaces: dict[str, LiveVersion],
+                  validation: Validation) -> None:
+    """A batch a job prepared (corpusync/fanout.py), taken in by the writer: its failures quarantined, its
+    counts and times booked, then validated and loaded into the candidate like a streamed batch."""
+    _quarantine(ctx, result.failures, pipeline_fingerprint(ctx))
+    for stage, seconds in result.timings.items():
+        ctx.timings[stage] = round(ctx.timings.get(stage, 0.0) + seconds, 4)
+    ctx.summary.chunks.embedded += result.stats.embedded
+    ctx.summary.chunks.reused += result.stats.reused + result.stats.deduplicated
+    if result.memory_limit_problem and result.memory_limit_problem not in ctx.summary.message:
+        ctx.summary.message = "; ".join(m for m in (ctx.summary.message, result.memory_limit_problem) if m)
+    for ed in result.embedded:
+        ed.doc.replaces = replaces.get(ed.doc.parsed.source.path)
+    passed, outcome = step_validate(ctx, result.embedded)
+    if outcome is not None:
+        validation.add(outcome)
+    step_load_batch(ctx, passed)
 
 
 def _parsed(ctx: RefreshContext, todo: list[SourceFile]) -> Generator[ParsedDocument, None, None]:
@@ -175,7 +202,7 @@ def _chunk(ctx: RefreshContext, doc: ParsedDocument, replaces: LiveVersion | Non
     return cd
 
 
-def _finish_batch(ctx: RefreshContext, batch: list[ChunkedDocument], validation: _Validation) -> None:
+def _finish_batch(ctx: RefreshContext, batch: list[ChunkedDocument], validation: Validation) -> None:
     embedded = step_embed(ctx, batch)
     passed, outcome = step_validate(ctx, embedded)
     if outcome is not None:
@@ -184,26 +211,12 @@ def _finish_batch(ctx: RefreshContext, batch: list[ChunkedDocument], validation:
 
 
 def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedDocument]:
-    """Vectors for one batch: stored ones (the index, the vector cache) copied, the rest embedded and kept in
-    the vector cache batch by batch."""
+    """Vectors for one batch (embed_batch), booked in the run's summary."""
     if not chunked:
         return []
     with ctx.timed("embed"):
-        model_id = _model(ctx)
-        identity = ctx.embedder.identity
-        stored = (VectorTable.empty(identity.dimension, identity.sparse_trained) if ctx.reembed else
-                  vector_cache.stored_vectors(ctx.conn, model_id, (c.text_sha256 for d in chunked for c in d.chunks),
-                                            dimension=identity.dimension, sparse=identity.sparse_trained))
-        processes = ctx.settings.segment_processes or lexical.default_processes()
-        sparse_dim = identity.sparse_dim if identity.sparse_trained else None
-
-        def keep(hashes: list[str], out: embed_stage.EmbeddingOutput) -> None:  # durable per batch
-            vector_cache.cache_vectors(ctx.conn, model_id, hashes, out.dense, out.sparse, sparse_dim)
-
-        embedded, stats = embed_stage.embed_documents(
-            chunked, ctx.embedder, stored, ctx.settings.embed_batch_tokens,
-            segment=functools.partial(lexical.Analyzer.from_settings(ctx.settings).index_texts,
-                                      processes=processes), on_vectors=keep)
+        embedded, stats = embed_batch(ctx.settings, ctx.conn, ctx.embedder, _model(ctx), chunked,
+                                      reembed=ctx.reembed)
     ctx.summary.chunks.embedded += stats.embedded
     ctx.summary.chunks.reused += stats.reused + stats.deduplicated
     return embedded

@@ -41,10 +41,15 @@ def settings_flow(name: str, **options: Any) -> Callable[[Callable[P, R]], Setti
     return wrap
 
 
+def caller_settings() -> Settings:
+    """The in-process caller's Settings object, else the environment's."""
+    return _IN_PROCESS.get() or Settings()
+
+
 def flow_settings(**overrides: Any) -> Settings:
-    """The settings of this flow run: the caller's Settings object, else the environment's; then the
-    parameters that were given (None: not given)."""
-    return with_overrides(_IN_PROCESS.get() or Settings(), **overrides)
+    """The settings of this flow run: caller_settings(), then the parameters that were given (None: not
+    given)."""
+    return with_overrides(caller_settings(), **overrides)
 
 
 def enter_checkout(directory: str = "") -> dict[str, str]:

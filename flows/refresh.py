@@ -24,9 +24,11 @@ from prefect.runtime import flow_run  # noqa: E402
 
 from corpusync import pipeline  # noqa: E402
 from corpusync.runtime import writer_session  # noqa: E402
+from flows import fanout  # noqa: E402
 from flows import steps as t  # noqa: E402
 from flows.artifacts import publish_run_summary, tag_run  # noqa: E402
 from flows.base import flow_settings, settings_flow  # noqa: E402
+from flows.runners import SettingsTaskRunner  # noqa: E402
 from schemas.params import (  # noqa: E402
     Floors,
     GoldSets,
@@ -37,7 +39,8 @@ from schemas.params import (  # noqa: E402
 )
 
 
-@settings_flow(name="corpusync-refresh", log_prints=False, persist_result=True, result_serializer="json")
+@settings_flow(name="corpusync-refresh", log_prints=False, persist_result=True, result_serializer="json",
+               task_runner=SettingsTaskRunner())
 def refresh(
     source: Source,
     allow_mass_delete: bool = False,
@@ -76,8 +79,10 @@ def refresh(
             found = t.discover(ctx)
             plan = t.diff(ctx, found)
             if plan.to_process:  # tokenizer, torch, great_expectations load while parsing runs
-                pipeline.warm_up(ctx.embedder, validate=settings.validate_chunks, model=True)
-            generation = t.build(ctx, plan)
+                pipeline.warm_up(ctx.embedder, validate=settings.validate_chunks,
+                                 model=settings.task_runner != "dask")  # Dask workers load theirs
+            mapped = fanout.builds_by_tasks(settings)
+            generation = t.build_mapped(ctx, plan) if mapped else t.build(ctx, plan)
             pipeline.stop_workers()  # validation is done: the worker exits while the gate runs
             t.evaluate(ctx, generation)
             t.publish(ctx, generation)

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from corpusync import build as build_stage
 from corpusync import pipeline
 from corpusync.runtime import RefreshContext
+from flows import fanout
 from flows.artifacts import publish_evaluation
 from schemas.records import DiffPlan
 
@@ -26,12 +27,25 @@ def diff(ctx: RefreshContext, found: pipeline.Discovered) -> DiffPlan:
 
 @task(name="build", cache_policy=NO_CACHE)
 def build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
-    """parse -> chunk -> embed -> validate -> load in bounded batches (corpusync/build.py)."""
+    """parse -> chunk -> embed -> validate -> load in bounded batches, streamed in this process
+    (corpusync/build.py)."""
     generation = build_stage.step_build(ctx, plan)
+    publish_validation(ctx)
+    return generation
+
+
+def build_mapped(ctx: RefreshContext, plan: DiffPlan) -> int | None:
+    """The same build, its batches mapped on the flow's task runner (flows/fanout.py). Called from the flow
+    itself: a task's context (here, its live connection) would travel with every task it submits."""
+    generation = fanout.build_mapped(ctx, plan)
+    publish_validation(ctx)
+    return generation
+
+
+def publish_validation(ctx: RefreshContext) -> None:
     if ctx.validation_report:
         create_markdown_artifact(ctx.validation_report, key="corpusync-validation",
                                  description="Chunk data-quality suite")
-    return generation
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

@@ -91,6 +91,41 @@ class Settings(BaseSettings):
         description="Chunk tokens per streamed batch (a batch closes at this or at build_batch_documents, "
         "whichever comes first); the model sees it in embed_batch_tokens batches.",
     )
+    task_runner: Literal["threads", "dask"] = Field(
+        "threads",
+        description="The refresh flow's Prefect task runner. threads: ThreadPoolTaskRunner, and the build streams "
+        "in the flow's process (its parse workers and the model overlapped, one copy of the model). dask: "
+        "prefect-dask's DaskTaskRunner, and the build's batches are Prefect tasks mapped on the Dask cluster "
+        "(each parses, chunks and embeds its documents where it runs, into the vector cache); the flow, the one "
+        "writer, validates and loads each batch as it finishes and publishes once.",
+    )
+    dask_address: str | None = Field(
+        None, description="Scheduler of a running Dask cluster for task_runner=dask (tcp://host:8786; its "
+        "workers need corpusync installed, the model and the database reachable); unset: a local cluster of "
+        "task_workers processes, started for the run and stopped after it."
+    )
+    task_workers: int = Field(
+        2, ge=1, description="Worker processes of the local Dask cluster (task_runner=dask without dask_address), "
+        "or threads of the ThreadPoolTaskRunner; each Dask worker holds a model and its own parse workers.",
+    )
+    dask_parse_resources: dict[str, float] = Field(
+        default_factory=dict, description="Dask worker resources a batch's parsing needs, e.g. {\"CPU\": 1}: "
+        "set (or dask_embed_resources), a batch is two tasks, parse-batch then embed-batch, each run only by "
+        "workers started with its resources (`dask worker ADDRESS --resources CPU=1`).",
+    )
+    dask_embed_resources: dict[str, float] = Field(
+        default_factory=dict, description="Dask worker resources a batch's embedding needs, e.g. {\"GPU\": 1}, "
+        "so that only the GPU workers embed while CPU workers parse and OCR (README \"Deployments\").",
+    )
+    build_tasks: bool = Field(
+        False, description="Map the build's batches as Prefect tasks on the threads runner too (always on with "
+        "dask): each batch shows as a task run in Prefect, with its own retries."
+    )
+    batch_retries: int = Field(
+        2, ge=0, description="Retries of a mapped batch after a transient fault (a dropped database connection, "
+        "an out-of-memory error); a batch writes only to the vector cache, so running it again is safe."
+    )
+    batch_retry_delay_s: float = Field(5.0, ge=0, description="Seconds before a mapped batch is retried.")
     embed_fp16: bool = Field(True, description="Use half precision on GPU (ignored on CPU).")
     sparse_top_k: int = Field(
         256,
@@ -351,6 +386,12 @@ class Settings(BaseSettings):
             raise ConfigError("CORPUSYNC_MODEL_PATH is set but empty: give the directory of the embedding model "
                               "(the folder holding config.json), or unset it (minilm's packaged weights)")
         return v
+
+    @field_validator("dask_address", mode="before")
+    @classmethod
+    def _blank_address_is_unset(cls, v: Any) -> Any:
+        """prefect.yaml's `{{ $CORPUSYNC_DASK_ADDRESS }}` is empty when the worker has none: a local cluster."""
+        return None if isinstance(v, str) and not v.strip() else v
 
     @model_validator(mode="after")
     def _known_gate_metrics(self) -> Settings:
