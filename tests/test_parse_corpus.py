@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,6 +50,35 @@ def worker():  # type: ignore[no-untyped-def]
         yield w
 
 
+# Files the tests after the every-file test read again: kept from its parse (OCR of the scanned letter and
+# book alone takes ~50 s on 2 cores; the handbook and the GeoTopo book ~30 s more).
+REUSED = {"pdfplumber-test-pdfs/zh/pr-136-example.pdf", "pdfplumber-test-pdfs/zh/pr-136-example-p1-2.pdf",
+          "mineru-demo/pdfs/small_ocr.pdf", "unstructured-example-docs/handbook-872p.docx",
+          "py-pdf-read-benchmark/pdfs/GeoTopo-komprimiert.pdf",
+          "py-pdf-read-benchmark/pdfs/GeoTopo-komprimiert-p4-24.pdf"}
+
+
+@pytest.fixture(scope="module")
+def parsed(worker: ParseWorker) -> Callable[[str], ParsedDocument]:
+    """The worker's parse of a corpus file (path relative to CORPUS), once per module for REUSED files."""
+    kept: dict[str, ParsedDocument | ParseError] = {}
+
+    def parse(rel: str) -> ParsedDocument:
+        result = kept.get(rel)
+        if result is None:
+            try:
+                result = worker.parse(source(CORPUS / rel, rel))
+            except ParseError as exc:
+                result = exc
+            if rel in REUSED:
+                kept[rel] = result
+        if isinstance(result, ParseError):
+            raise result
+        return result
+
+    return parse
+
+
 def text_of(doc: ParsedDocument) -> str:
     return "\n\n".join(b.text for b in doc.blocks)
 
@@ -63,9 +93,10 @@ def sensible(text: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rel", FILES)
-def test_every_corpus_file_parses_or_is_quarantined_with_reason(worker: ParseWorker, rel: str) -> None:
+def test_every_corpus_file_parses_or_is_quarantined_with_reason(parsed: Callable[[str], ParsedDocument],
+                                                                rel: str) -> None:
     try:
-        doc = worker.parse(source(CORPUS / rel, rel))
+        doc = parsed(rel)
     except ParseError as exc:
         assert exc.reason in ACCEPTED_REASONS, f"{rel}: {exc}"
         assert rel in str(exc) and exc.detail
@@ -81,9 +112,9 @@ def _cjk(text: str) -> int:
     return sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
 
 
-def test_scanned_chinese_letter_and_book_pages_are_ocred(worker: ParseWorker) -> None:
+def test_scanned_chinese_letter_and_book_pages_are_ocred(parsed: Callable[[str], ParsedDocument]) -> None:
     path = corpus_file("pdfplumber-test-pdfs/zh/pr-136-example.pdf", "pdfplumber-test-pdfs/zh/pr-136-example-p1-2.pdf")
-    letter = worker.parse(source(path))
+    letter = parsed(path.relative_to(CORPUS).as_posix())
     pages = letter.metadata["ocr_pages"]
     with pymupdf.open(path) as pdf:
         assert len(pages) == letter.page_count == pdf.page_count  # the noisy embedded OCR layer was not trusted
@@ -92,13 +123,14 @@ def test_scanned_chinese_letter_and_book_pages_are_ocred(worker: ParseWorker) ->
     assert "天健会计师事务所" in text and _cjk(text) > 400 * letter.page_count
     assert all(b.kind == "ocr" for b in letter.blocks) and letter.ocr_engine == "rapidocr"
 
-    book = worker.parse(source(CORPUS / "mineru-demo/pdfs/small_ocr.pdf"))
+    book = parsed("mineru-demo/pdfs/small_ocr.pdf")
     assert len(book.metadata["ocr_pages"]) == 8 and min(p["confidence"] for p in book.metadata["ocr_pages"]) > 0.9
     assert "商品" in text_of(book) and _cjk(text_of(book)) > 2000
     assert book.cleaning.get("removed_running_lines")  # running header / page numbers of the book pages
 
 
-def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw() -> None:
+def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw(parsed: Callable[[str], ParsedDocument]
+                                                                    ) -> None:
     from rapidfuzz.distance import Levenshtein
 
     from bench.parse_quality import ground_truth_body
@@ -109,7 +141,7 @@ def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw() -> None:
     gt = CORPUS / "py-pdf-read-benchmark/ground_truth" / truths[path.name]
     body, n_headers = ground_truth_body(gt.read_text())
     truth = " ".join(body.split())
-    doc = parse_document(source(path), ParseOptions())
+    doc = parsed(path.relative_to(CORPUS).as_posix())
     with pymupdf.open(path) as pdf:
         raw = " ".join("\n".join(p.get_text() for p in pdf).split())
         pages = pdf.page_count
@@ -120,8 +152,8 @@ def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw() -> None:
     assert Levenshtein.normalized_similarity(ours, truth) > Levenshtein.normalized_similarity(raw, truth)
 
 
-def test_big_docx_and_office_tables(worker: ParseWorker) -> None:
-    handbook = worker.parse(source(CORPUS / "unstructured-example-docs/handbook-872p.docx"))
+def test_big_docx_and_office_tables(worker: ParseWorker, parsed: Callable[[str], ParsedDocument]) -> None:
+    handbook = parsed("unstructured-example-docs/handbook-872p.docx")
     assert len(text_of(handbook)) > 500_000 and any(b.kind == "title" for b in handbook.blocks)
     xlsx = worker.parse(source(CORPUS / "docling-test-data/xlsx/sources/xlsx_01.xlsx"))
     table = next(b for b in xlsx.blocks if b.kind == "table")
