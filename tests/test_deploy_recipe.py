@@ -167,8 +167,11 @@ def test_deployments_advertise_typed_parameters_only(deployed, prefect_api, corp
     with _client(prefect_api) as client:
         deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()}
         assert set(deployments) == {"corpusync-refresh/nightly-refresh", "corpusync-refresh/on-demand-refresh",
-                                    "corpusync-evaluate/evaluate", "corpusync-rollback/rollback",
-                                    "corpusync-prune/prune"}
+                                    "corpusync-refresh/cluster-refresh", "corpusync-evaluate/evaluate",
+                                    "corpusync-rollback/rollback", "corpusync-prune/prune"}
+        env = deployments["corpusync-refresh/cluster-refresh"].job_variables["env"]
+        assert env["CORPUSYNC_TASK_RUNNER"] == "dask"
+        assert json.loads(env["CORPUSYNC_DASK_EMBED_RESOURCES"]) == {"GPU": 1}
         for name, dep in deployments.items():
             props = dep.parameter_openapi_schema.get("properties", {})
             assert not [p for p in props if re.search(r"settings|url|password|secret|key", p)], (name, props)
