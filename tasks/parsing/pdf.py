@@ -30,12 +30,12 @@ def ocr_reason(text: str, image_cover: float, invisible_share: float) -> str | N
     - scanned-image: the page is one big image and its text, if any, is an invisible OCR layer someone
       else made (re-OCR with a better model).
     """
-    chars = [c for c in text if not c.isspace()]
+    tokens = text.split()
+    chars = "".join(tokens)  # the non-whitespace characters (str.split's whitespace is str.isspace's)
     if len(chars) < 20 and (image_cover > 0.3 or not chars):
         return "no-text"
     if chars and len(_GARBAGE.findall(text)) > 0.2 * len(chars):
         return "garbage"
-    tokens = text.split()
     if len(tokens) >= 30 and sum(1 for t in tokens if len(t) == 1 and t.isalpha() and t.isascii()) > 0.6 * len(tokens):
         return "spaced-out"
     if image_cover >= 0.8 and invisible_share >= 0.5:
@@ -61,7 +61,7 @@ def _cover_matters(page: Any, text: str) -> bool:
     short to trust. An inline image (resources do not list it) is then counted only on a page with under 20
     characters: on the shared corpus, the 12 pages with one and more text (222+ characters) are covered at
     most 13%, below either threshold of ocr_reason."""
-    return bool(page.get_images()) or sum(not c.isspace() for c in text) < 20
+    return bool(page.get_images()) or len("".join(text.split())) < 20
 
 
 def _invisible_share(page: object) -> float:
