@@ -6,6 +6,7 @@ flow's runner at the start of every run, and that is where the choice is made.""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
@@ -21,12 +22,15 @@ def build_task_runner(settings: Settings) -> TaskRunner[Any]:
     import dask
     from prefect_dask import DaskTaskRunner
 
-    # a Dask worker is a daemon process by default, and a daemon may not start processes: the parse workers
-    dask.config.set({"distributed.worker.daemon": False})
+    # a Dask worker is a daemon process by default, and a daemon may not start processes: the parse workers.
+    # distributed logs every start and stop of its scheduler and workers at INFO: warnings only, here and in
+    # the workers (which take the config with them)
+    dask.config.set({"distributed.worker.daemon": False, "logging.distributed": "warning"})
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
     return DaskTaskRunner(cluster_kwargs={"n_workers": settings.task_workers, "threads_per_worker": 1,
-                                          "processes": True, "dashboard_address": None})
+                                          "processes": True, "dashboard_address": ":0"})  # any free port
 
 
 class SettingsTaskRunner(TaskRunner[Any]):
