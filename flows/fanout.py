@@ -14,11 +14,13 @@ from typing import Any
 import psycopg
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, as_completed
 
 from corpusync import build as build_stage
 from corpusync import fanout, progress
 from corpusync.runtime import RefreshContext
+from flows.runners import close_pools_with_dask_workers
 from schemas.records import DiffPlan
 from schemas.settings import Settings
 from tasks.embed import is_oom
@@ -95,6 +97,9 @@ def build_mapped(ctx: RefreshContext, plan: DiffPlan) -> int | None:
     model_id = build_stage.register_model(ctx) if todo else 0
     jobs = deque(fanout.BatchJob(n, s, todo[i:i + size], model_id, ctx.reembed)
                  for n, i in enumerate(range(0, len(todo), size), start=1))
+    run = FlowRunContext.get()
+    if run is not None and run.task_runner is not None:
+        close_pools_with_dask_workers(run.task_runner)
     in_flight: list[PrefectFuture[fanout.BatchResult]] = []
     workers: set[str] = set()
     with progress.stage("build", len(todo)) as bar:

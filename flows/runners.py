@@ -43,3 +43,23 @@ class SettingsTaskRunner(TaskRunner[Any]):
     def submit(self, task: Any, parameters: dict[str, Any], wait_for: Any = None,
                dependencies: Any = None) -> Any:
         raise RuntimeError("SettingsTaskRunner only chooses the run's task runner (duplicate()); it runs nothing")
+
+
+def close_pools_with_dask_workers(runner: TaskRunner[Any]) -> None:
+    """On a Dask runner: have each worker stop the parse workers it started for batches when it closes. A
+    worker's interpreter otherwise waits for the pool's threads, and its nanny kills it after 4 s."""
+    client = getattr(runner, "client", None) if type(runner).__name__ == "DaskTaskRunner" else None
+    if client is None:
+        return
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class ClosePools(WorkerPlugin):
+        idempotent = True
+
+        def teardown(self, worker: Any) -> None:
+            from corpusync.fanout import close_pools
+
+            close_pools()
+
+    client.register_plugin(ClosePools(), name="corpusync-close-pools")
+
