@@ -110,8 +110,7 @@ def load_prepared(ctx: RefreshContext, result: BatchResult, replaces: dict[str, 
         ctx.timings[stage] = round(ctx.timings.get(stage, 0.0) + seconds, 4)
     ctx.summary.chunks.embedded += result.stats.embedded
     ctx.summary.chunks.reused += result.stats.reused + result.stats.deduplicated
-    if result.memory_limit_problem and result.memory_limit_problem not in ctx.summary.message:
-        ctx.summary.message = "; ".join(m for m in (ctx.summary.message, result.memory_limit_problem) if m)
+    ctx.add_message(result.memory_limit_problem)
     for ed in result.embedded:
         ed.doc.replaces = replaces.get(ed.doc.parsed.source.path)
     passed, outcome = step_validate(ctx, result.embedded)
@@ -183,7 +182,7 @@ def _parsed(ctx: RefreshContext, todo: list[SourceFile]) -> Generator[ParsedDocu
     finally:
         stop.set()  # on an early exit the feeder stops at its next document (and closes the pool)
         if pool.memory_limit_problem:  # isolation weaker than configured: say so in the run
-            ctx.summary.message = "; ".join(m for m in (ctx.summary.message, pool.memory_limit_problem) if m)
+            ctx.add_message(pool.memory_limit_problem)
 
 
 def _parse_failed(ctx: RefreshContext, src: SourceFile, exc: ParseError) -> None:

@@ -16,9 +16,7 @@ import functools
 import os
 import socket
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import psycopg
@@ -26,7 +24,7 @@ import psycopg
 from corpusync import lexical
 from corpusync.embedders import FlagEmbedder, build_embedder
 from corpusync.errors import ParseError
-from corpusync.runtime import open_database
+from corpusync.runtime import open_database, timed
 from corpusync.store import vector_cache
 from corpusync.vectors import VectorTable
 from schemas.records import ChunkedDocument, EmbeddedDocument, ParsedDocument, QuarantineRecord, SourceFile
@@ -119,29 +117,20 @@ def _embed_lock(embedder: FlagEmbedder) -> threading.Lock:
         return _EMBED_LOCKS.setdefault(id(embedder), threading.Lock())
 
 
-@contextmanager
-def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
-
-
 def _parse(settings: Settings, sources: list[SourceFile], timings: dict[str, float]
            ) -> tuple[list[tuple[SourceFile, ParsedDocument | ParseError]], str | None]:
     if not settings.parse_isolation:
         out: list[tuple[SourceFile, ParsedDocument | ParseError]] = []
         options = settings.parse_options()
         for src in sources:
-            with _timed(timings, "parse"):
+            with timed(timings, "parse"):
                 try:
                     out.append((src, parse_stage.parse_document(src, options)))
                 except ParseError as exc:
                     out.append((src, exc))
         return out, None
     pool, lock = _pool(settings)
-    with lock, _timed(timings, "parse"):
+    with lock, timed(timings, "parse"):
         return list(pool.parse_many(sources, ordered=True)), pool.memory_limit_problem
 
 
@@ -188,7 +177,7 @@ def parse_batch(job: BatchJob) -> ChunkedBatch:
             if isinstance(result, ParseError):
                 failures.append(QuarantineRecord(src.path, "parse", result.reason, result.detail, src.sha256))
                 continue
-            with _timed(timings, "chunk"):
+            with timed(timings, "chunk"):
                 cd = chunk_stage.chunk_document(result, embedder, config)
             if cd.chunks:
                 chunked.append(cd)
@@ -208,7 +197,7 @@ def embed_chunked(job: BatchJob, part: ChunkedBatch) -> BatchResult:
     stats = EmbedStats()
     if part.chunked:
         embedder = build_embedder(s)
-        with _embed_lock(embedder), _timed(timings, "embed"), closing(open_database(s, migrate=False)) as conn:
+        with _embed_lock(embedder), timed(timings, "embed"), closing(open_database(s, migrate=False)) as conn:
             embedded, stats = embed_batch(s, conn, embedder, job.model_id, part.chunked, reembed=job.reembed)
     return BatchResult(job.number, embedded, part.failures, stats, timings, part.parsed_on, _here(),
                        part.memory_limit_problem)

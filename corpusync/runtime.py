@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -67,13 +67,23 @@ class RefreshContext:
     def embedder(self) -> FlagEmbedder:
         return build_embedder(self.settings)
 
-    @contextmanager
-    def timed(self, stage: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[stage] = round(self.timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+    def timed(self, stage: str) -> AbstractContextManager[None]:
+        return timed(self.timings, stage)
+
+    def add_message(self, text: str | None) -> None:
+        """Append to the run summary's message (once: a repeat is not appended again)."""
+        if text and text not in self.summary.message:
+            self.summary.message = "; ".join(m for m in (self.summary.message, text) if m)
+
+
+@contextmanager
+def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the seconds the block takes to timings[stage]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> psycopg.Connection:

@@ -113,6 +113,5 @@ def build_mapped(ctx: RefreshContext, plan: DiffPlan) -> int | None:
             build_stage.load_prepared(ctx, result, replaces, validation)
             bar.advance(len(result.embedded) + len(result.failures))
     if len(workers) > 1:
-        ctx.summary.message = "; ".join(m for m in (ctx.summary.message, f"batches built on {len(workers)} "
-                                        f"workers: {', '.join(sorted(workers))}") if m)
+        ctx.add_message(f"batches built on {len(workers)} workers: {', '.join(sorted(workers))}")
     return build_stage.finish_build(ctx, plan, validation)
