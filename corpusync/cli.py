@@ -104,20 +104,24 @@ def refresh(
         from corpusync import pipeline, prefect_local
         from corpusync.embedders import build_embedder
 
-        # torch, FlagEmbedding and the tokenizer load in a thread from now on (the longest wait of a small
-        # refresh), while the flow machinery loads here and Prefect's local API server is found, or started on
-        # another core (great_expectations loads later, in the validation worker, once the flow has a plan:
-        # earlier it would slow the server's start).
-        pipeline.warm_up(build_embedder(settings), validate=False)
+        # torch, FlagEmbedding and the model load from now on (the longest wait of a small refresh), in a
+        # process of their own (settings.model_process) while the flow machinery loads here and Prefect's local
+        # API server is found, or started on another core (great_expectations loads later, in the validation
+        # worker, once the flow has a plan: earlier it would slow the server's start).
+        embedder = build_embedder(settings)
+        pipeline.warm_up(embedder, validate=False, host=settings.model_process)
         api = prefect_local.launch(settings.local_api_linger_s)
         from flows.refresh import refresh as refresh_flow
 
         _quiet_expected_failures()
         bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
         handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
-        with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
-            summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
-                                   skip_gate=skip_gate, settings=settings)
+        try:
+            with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
+                summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
+                                       skip_gate=skip_gate, settings=settings)
+        finally:
+            embedder.close_host()
     code = 1 if summary["status"] == "refused" else 0
     if as_json:
         reason = summary.get("message") or ("nothing changed" if summary["status"] == "no_changes" else "")

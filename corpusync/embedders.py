@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from corpusync.errors import ConfigError
+from corpusync.fast_tokenizer import FastTokenizer
 from corpusync.vectors import SparseRows
 
 if TYPE_CHECKING:
@@ -80,6 +82,17 @@ class Tokenizer(Protocol):
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         """Character (start, end) of each token, special tokens excluded."""
         ...
+
+
+class ModelProcess(Protocol):
+    """The model in a process of its own (corpusync/model_host.py). A call raises BrokenProcessPool when
+    that process died."""
+
+    def load(self) -> None: ...
+    def devices(self) -> list[str]: ...
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput: ...
+    def for_device(self, device: str) -> ModelProcess: ...
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -172,6 +185,10 @@ class FlagEmbedder:
             int(cfg.get("max_position_embeddings", 514)) - 2 if kind == "bge-m3" else 512
         )
         self.max_tokens = min(max_tokens or model_max, model_max)
+        # what a model process needs to build this same embedder (corpusync/model_host.py)
+        self._spec = dict(model_dir=model_dir, name=name, kind=kind, pooling=pooling, device=device, fp16=fp16,
+                          max_tokens=self.max_tokens, sparse_top_k=sparse_top_k, cache_dir=cache_dir)
+        self._host: ModelProcess | None = None
         self.identity = ModelIdentity(
             name=name,
             revision=_read_revision(model_dir),
@@ -187,6 +204,11 @@ class FlagEmbedder:
 
     @cached_property
     def devices(self) -> list[str]:
+        if self._host is not None:
+            try:
+                return self._host.devices()
+            except BrokenProcessPool as exc:
+                self._lost_host(exc)
         return resolve_devices(self._device_setting)  # imports torch: only when a model is needed
 
     @cached_property
@@ -204,8 +226,11 @@ class FlagEmbedder:
         replicas = [self]
         for dev in self.devices[1:]:
             r = copy.copy(self)
-            r.__dict__ = {k: v for k, v in self.__dict__.items() if k not in {"model", "tokenizer", "_special_ids"}}
-            r.__dict__.update(devices=[dev], device=dev, calls=0)
+            r.__dict__ = {k: v for k, v in self.__dict__.items()
+                          if k not in {"model", "tokenizer", "counter", "_special_ids", "_host"}}
+            r.__dict__.update(devices=[dev], device=dev, calls=0, _host=None)
+            if self._host is not None:  # a model process of its own, on its device
+                r.attach_host(self._host.for_device(dev))
             replicas.append(r)
         return replicas
 
@@ -216,18 +241,29 @@ class FlagEmbedder:
     # -- tokenizer (cheap: loads tokenizer files only) -------------------------------------------------
     @cached_property
     def tokenizer(self) -> Any:
+        """transformers' tokenizer: what the model's input is made with (prepare)."""
         with _IMPORTS:
             from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(self.model_dir))
 
+    @cached_property
+    def counter(self) -> Any:
+        """What token counts and offsets come from: the model's tokenizer.json read by `tokenizers` (no torch
+        import), or transformers' tokenizer for a model without one."""
+        return FastTokenizer.load(self.model_dir) or self.tokenizer
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
+        if isinstance(self.counter, FastTokenizer):
+            return self.counter.count_tokens(texts)
         enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        if isinstance(self.counter, FastTokenizer):
+            return self.counter.token_offsets(text)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         return [tuple(o) for o in enc["offset_mapping"]]
 
@@ -237,8 +273,12 @@ class FlagEmbedder:
         Words are the lexical analyzer's query terms, so every language is measured the same way."""
         if not words:
             return 1.0
-        unk = self.tokenizer.unk_token_id
-        ids = self.tokenizer(list(words), add_special_tokens=False, truncation=False)["input_ids"]
+        counter = self.counter
+        unk = counter.unk_token_id
+        if isinstance(counter, FastTokenizer):
+            ids = counter.ids(words)
+        else:
+            ids = counter(list(words), add_special_tokens=False, truncation=False)["input_ids"]
         return sum(unk not in row for row in ids) / len(ids)
 
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
@@ -275,8 +315,43 @@ class FlagEmbedder:
         return m
 
     def load_model(self) -> None:
-        """Load the weights now (a warm-up thread, ahead of the first embed; once per embedder)."""
+        """Load the weights now (a warm-up thread, ahead of the first embed; once per embedder); in the model
+        process when there is one (this returns at once then)."""
+        if self._host is not None:
+            self._host.load()
+            return
         _ = self.model
+
+    # -- the model in a process of its own (corpusync/model_host.py) ------------------------------------
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The arguments that build this same embedder (in a model process)."""
+        return dict(self._spec)
+
+    @property
+    def can_host(self) -> bool:
+        """Whether the model may go to a process of its own: not once it is loaded here, nor for an embedder
+        whose methods were replaced (a fault injected in this process)."""
+        return self._host is None and "model" not in self.__dict__ and "forward" not in self.__dict__
+
+    def attach_host(self, host: ModelProcess) -> None:
+        """Run the model in `host` from now on (corpusync.model_host.host_model starts one)."""
+        self._host = host
+
+    @property
+    def hosted(self) -> bool:
+        return self._host is not None
+
+    def close_host(self) -> None:
+        """Stop the model process (the next embed loads the model in this process)."""
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()
+
+    def _lost_host(self, exc: BaseException) -> None:
+        log.warning("the model process failed (%s: %s); the model runs in this process from now on",
+                    type(exc).__name__, exc)
+        self.close_host()
 
     @cached_property
     def _special_ids(self) -> list[int]:
@@ -291,7 +366,10 @@ class FlagEmbedder:
 
     def prepare(self, texts: Sequence[str]) -> Any:
         """Tokenise a batch on the CPU (pinned memory when a GPU will take it). Separate from forward() so
-        the next batch can be tokenised while the device computes this one."""
+        the next batch can be tokenised while the device computes this one. With a model process the texts
+        go to it as they are (it tokenises)."""
+        if self._host is not None:
+            return list(texts)
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
                              return_tensors="pt")
         if self.device.startswith("cuda"):
@@ -299,6 +377,14 @@ class FlagEmbedder:
         return enc
 
     def forward(self, prepared: Any) -> EmbeddingOutput:
+        if isinstance(prepared, list):  # texts, for the model process
+            if self._host is not None:
+                self.calls += 1
+                try:
+                    return self._host.embed(prepared)
+                except BrokenProcessPool as exc:
+                    self._lost_host(exc)
+            prepared = self.prepare(prepared)
         import torch
 
         self.calls += 1

@@ -143,15 +143,26 @@ _warm_up: threading.Thread | None = None
 _want_model = threading.Event()
 
 
-def warm_up(embedder: Embedder, *, validate: bool, model: bool = False) -> None:
+def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bool = False) -> None:
     """Pay first-use costs once per process, while other work runs: torch + FlagEmbedding and the tokenizer
     the chunker counts with in a background thread; with `model`, then the model's weights (a flow asks once
     its plan has documents to build: their new text needs them); with `validate`, great_expectations in the
     validation worker's own process. The CLI starts the thread as soon as it knows there is work (the worker
-    later: it would compete with Prefect's API server for the other core)."""
+    later: it would compete with Prefect's API server for the other core). With `host` (a fresh process that
+    refreshes once: the CLI) torch and the model go to a process of their own instead
+    (corpusync/model_host.py) and only the tokenizer loads here."""
     global _warm_up
     if validate:
         validate_worker.start()
+    if host and isinstance(embedder, FlagEmbedder):
+        from corpusync.model_host import host_model
+
+        host_model(embedder)
+    if isinstance(embedder, FlagEmbedder) and embedder.hosted:
+        if model:
+            embedder.load_model()  # in the model process: returns at once
+        embedder.count_tokens(["warm-up"])  # tokenizer.json: milliseconds
+        return
     if model:
         _want_model.set()
     if _warm_up is not None and (_warm_up.is_alive() or not model):

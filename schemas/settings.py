@@ -280,6 +280,13 @@ class Settings(BaseSettings):
         "(0: fail at once with a clear message). The refresh and prune deployments (prefect.yaml) pass 3600 as "
         "their lock_timeout_s parameter, so a run that overlaps another writer waits instead of failing.",
     )
+    model_process: bool = Field(
+        True,
+        description="A refresh started from the CLI runs the embedding model in a process of its own: torch and the "
+        "model import and load on another core while the refresh plans, parses and chunks, instead of under the "
+        "refresh process's interpreter lock (seconds of a small refresh). false: the model runs in the refresh "
+        "process. Flows run by a Prefect worker or from Python keep the model in their own process.",
+    )
     local_api_linger_s: float = Field(
         600.0,
         ge=0.0,
