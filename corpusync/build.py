@@ -213,6 +213,8 @@ def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[Embe
     """Vectors for one batch (embed_batch), booked in the run's summary."""
     if not chunked:
         return []
+    if ctx.settings.validate_chunks:  # started by now unless the model runs in a process of its own (warm_up)
+        validate_worker.start()
     with ctx.timed("embed"):
         embedded, stats = embed_batch(ctx.settings, ctx.conn, ctx.embedder, _model(ctx), chunked,
                                       reembed=ctx.reembed)

@@ -109,7 +109,8 @@ def refresh(
         # API server is found, or started on another core (great_expectations loads later, in the validation
         # worker, once the flow has a plan: earlier it would slow the server's start).
         embedder = build_embedder(settings)
-        pipeline.warm_up(embedder, validate=False, host=settings.model_process)
+        pipeline.warm_up(embedder, validate=False,
+                         host=settings.model_process and settings.task_runner != "dask")  # Dask workers embed
         api = prefect_local.launch(settings.local_api_linger_s)
         from flows.refresh import refresh as refresh_flow
 

@@ -188,22 +188,38 @@ class _State:
         for word, _freq, _tag in words:
             if not _ALL_HAN.fullmatch(word) and not _WORD_FULL.fullmatch(word):
                 patterns.append(_literal(word))
-        han = [w for w in words if _ALL_HAN.fullmatch(w[0]) and len(w[0]) > 1]
-        self.jieba = _jieba_base()
-        if han:
-            import jieba
-
-            tk = jieba.Tokenizer()
-            tk.FREQ, tk.total, tk.initialized = dict(self.jieba.FREQ), self.jieba.total, True
-            for word, freq, tag in han:
-                tk.add_word(word, freq, tag)
-            self.jieba = tk
+        self._han = [w for w in words if _ALL_HAN.fullmatch(w[0]) and len(w[0]) > 1]
+        self._jieba: Any = None
+        self._jieba_lock = threading.Lock()
         self.user_re: re.Pattern[str] | None = None
         if patterns:
             try:
                 self.user_re = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
             except re.error as e:
                 raise ConfigError(f"{lex_path}: the re: patterns cannot be combined (use (?i:...) flags): {e}") from e
+
+
+    @property
+    def jieba(self) -> Any:
+        """jieba with the lexicon's Chinese words, loaded at the first Chinese text (its dictionary costs about a
+        second of CPU, which text without Han characters, or a check that only needs the fingerprint, never pays)."""
+        if self._jieba is None:
+            with self._jieba_lock:
+                if self._jieba is None:
+                    self._jieba = self._load_jieba()
+        return self._jieba
+
+    def _load_jieba(self) -> Any:
+        base = _jieba_base()
+        if not self._han:
+            return base
+        import jieba
+
+        tk = jieba.Tokenizer()
+        tk.FREQ, tk.total, tk.initialized = dict(base.FREQ), base.total, True
+        for word, freq, tag in self._han:
+            tk.add_word(word, freq, tag)
+        return tk
 
 
 _STATES: OrderedDict[str, _State] = OrderedDict()
@@ -319,7 +335,6 @@ class Analyzer:
         return out
 
     def _scan(self, text: str, mode: QueryMode, parts: bool) -> list[str]:
-        cut = self._state.jieba.cut_for_search if mode == "search" else self._state.jieba.cut
         out: list[str] = []
         for m in _SCAN.finditer(text):
             s, kind = m.group(), m.lastgroup
@@ -329,6 +344,8 @@ class Analyzer:
                 if (parts or len(s) > MAX_TOKEN_CHARS) and _HAS_SEP(s):
                     out.extend(p for p in _SPLIT_SEP(s) if len(p) <= MAX_TOKEN_CHARS)
             elif kind == "h":  # jieba yields Han it does not know (Ext A, B, ...) one character at a time
+                jieba = self._state.jieba
+                cut = jieba.cut_for_search if mode == "search" else jieba.cut
                 out.extend(w for w in cut(s) if len(w) <= MAX_TOKEN_CHARS)
             else:
                 units: Sequence[str] = _CLUSTER.findall(s) if _HAS_MARK(s) else s

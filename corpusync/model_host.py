@@ -98,6 +98,9 @@ def _init(parent: int, spec: dict[str, Any]) -> None:
     (that would break the pool); a failure is raised by the first call instead."""
     global _embedder, _init_error
     watch_parent(parent)
+    # leave without the interpreter's teardown of torch's modules (seconds, which the refresh would wait for
+    # as it joins the pool): this runs once the pool has told the process to exit, after the last result
+    atexit.register(os._exit, 0)
     try:
         preload_libraries()
         _embedder = FlagEmbedder(**spec)

@@ -152,17 +152,19 @@ def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bo
     refreshes once: the CLI) torch and the model go to a process of their own instead
     (corpusync/model_host.py) and only the tokenizer loads here."""
     global _warm_up
-    if validate:
-        validate_worker.start()
     if host and isinstance(embedder, FlagEmbedder):
         from corpusync.model_host import host_model
 
         host_model(embedder)
     if isinstance(embedder, FlagEmbedder) and embedder.hosted:
+        # the validation worker waits for the first batch to go to the model (build.step_embed): until then this
+        # process plans, parses and chunks on one core and the model process imports on the other
         if model:
             embedder.load_model()  # in the model process: returns at once
         embedder.count_tokens(["warm-up"])  # tokenizer.json: milliseconds
         return
+    if validate:
+        validate_worker.start()
     if model:
         _want_model.set()
     if _warm_up is not None and (_warm_up.is_alive() or not model):
