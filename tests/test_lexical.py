@@ -294,3 +294,20 @@ def test_index_texts_in_processes_equals_single_process(tmp_path: Path) -> None:
     single = a.index_texts(texts)
     assert single[0] == (a.normalize(texts[0]), a.tokens(texts[0]))
     assert a.index_texts(texts, processes=2, min_per_process=5) == single
+
+
+def test_jieba_loads_at_the_first_chinese_text_only(tmp_path: Path) -> None:
+    """The check for changes needs only the fingerprint, and text without Han characters never segments: neither
+    pays for jieba's dictionary. A lexicon's Chinese words are still there once it loads, and a bad lexicon is
+    still refused when the analyzer is made (not at its first use)."""
+    lex = tmp_path / "lexicon.txt"
+    lex.write_text("付款方式 100\n", encoding="utf-8")
+    a = Analyzer(lexicon=lex)
+    assert a.fingerprint and a._state._jieba is None
+    assert a.tokens("Payment is due within thirty days, HT2023-0876.")
+    assert a._state._jieba is None
+    assert "付款方式" in a.tokens("合同的付款方式")
+    assert a._state._jieba is not None
+    (tmp_path / "bad.txt").write_text("re:(\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="bad pattern"):
+        Analyzer(lexicon=tmp_path / "bad.txt")
