@@ -1,6 +1,6 @@
 """Does the lexical channel rank exactly like a textbook BM25? On an index built by bench/eval_goldsets.sh,
 for a fixed sample of each gold set's questions, compare corpusync's lexical top-10 (BM25 in PostgreSQL)
-with the `bm25s` package (Lucene variant, the same k1/b) over the same token lists: corpusync.lexical's
+with the `bm25s` package (Lucene variant, the same k1/b) over the same token lists: corpusync.core.lexical's
 tokens of every live chunk's search text (a question's quoted phrase filters both sides). Ties aside: a
 top-10 counts as identical when the score at every rank matches and, where the cut-off is not tied, the chunk
 sets are equal.
@@ -19,15 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 import numpy as np  # noqa: E402
 
-from corpusync.lexical import Analyzer  # noqa: E402
-from corpusync.runtime import open_database  # noqa: E402
+from corpusync.app.runtime import open_database  # noqa: E402
+from corpusync.core.lexical import Analyzer  # noqa: E402
 from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from query.search import Searcher  # noqa: E402
 from schemas.settings import Settings  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     from prefect.testing.utilities import prefect_test_harness
 
-    from corpusync.evaluating import evaluate_and_gate
+    from corpusync.app.evaluating import evaluate_and_gate
     from flows.refresh import refresh
     from query.search import Searcher
 
@@ -75,7 +75,7 @@ def main() -> None:
             t0 = time.perf_counter()
             summary = refresh(str(corpus), settings=settings)
             print(f"{strategy}: {summary['chunks']['inserted']} chunks, refresh {time.perf_counter() - t0:.0f} s")
-            from corpusync.runtime import open_database
+            from corpusync.app.runtime import open_database
 
             with open_database(settings) as conn:
                 outcome = evaluate_and_gate(settings, conn, Searcher(settings, conn), summary["generation"],

@@ -137,7 +137,7 @@ def main() -> None:
             finally:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
         sys.path.insert(0, str(REPO))
-        from corpusync.prefect_local import stop_shared
+        from corpusync.core.prefect_local import stop_shared
 
         stop_shared()  # the server the current code's commands shared
     cols = list(results)

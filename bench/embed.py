@@ -20,14 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
 
 import torch  # noqa: E402
 
-from corpusync.embedders import build_embedder  # noqa: E402
+from corpusync.adapters.embedders import build_embedder  # noqa: E402
 from evaluation.goldsets import load_goldset  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from tasks.embed import EmbedStats, encode_texts, token_budget_batches  # noqa: E402

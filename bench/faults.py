@@ -43,7 +43,7 @@ STEPS = {"discover": ("pipeline", "step_discover"), "diff": ("pipeline", "step_d
          "prune": ("pipeline", "step_prune")}
 PROGRESS = {"discover", "parse", "chunk", "embed", "load"}  # stages that report per item (mid-stage pauses)
 PER_CALL = {"chunk", "embed", "load"}  # their items are calls (a document, a batch)
-BUILD = ("parse", "chunk", "embed", "validate", "load")  # interleaved, batch by batch (corpusync/build.py)
+BUILD = ("parse", "chunk", "embed", "validate", "load")  # interleaved, batch by batch (corpusync/app/build.py)
 MODES = {"startup": ["timer"], "finish": ["start"]}
 REDUCED_PLAN = "parse:mid,embed:mid,load:mid,finish:start"
 GIB = 1 << 30
@@ -57,7 +57,7 @@ def child(argv: list[str]) -> int:
     """`_child MARKS PAUSE -- CLI ARGS`: marks every stage start (and each progress item) in MARKS, stops
     itself (SIGSTOP) at PAUSE ('stage' = its start, 'stage@k' = after its k-th item, '-' = never)."""
     marks, pause, _, *cli_args = argv
-    from corpusync.offline import apply_offline_defaults
+    from corpusync.core.offline import apply_offline_defaults
 
     apply_offline_defaults()
     if marks != "-":
@@ -73,7 +73,8 @@ def _install_hooks(marks: str, pause: str) -> None:
     import functools
 
     import tasks.parse_worker
-    from corpusync import build, pipeline, progress, runtime
+    from corpusync.app import build, pipeline, runtime
+    from corpusync.core import progress
     from corpusync.store import runs
 
     fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -631,7 +632,7 @@ class Campaign:
             except ProcessLookupError:
                 pass
             self.prefect_server.wait()
-        from corpusync import db
+        from corpusync.store import db
         from schemas.settings import Settings
 
         for home in self.homes:

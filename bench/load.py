@@ -1,4 +1,4 @@
-"""Chunk loading: the Arrow column encoder (corpusync.pgcopy, what refresh uses) against the previous
+"""Chunk loading: the Arrow column encoder (corpusync.core.pgcopy, what refresh uses) against the previous
 per-row path (psycopg `write_row` with a pgvector HalfVector / SparseVector object and a dict of sparse
 weights per chunk), into the real embedded PostgreSQL, in the same run.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -39,13 +39,14 @@ import numpy as np  # noqa: E402
 from pgvector import HalfVector, SparseVector  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from corpusync import db, lexical, pgcopy  # noqa: E402
-from corpusync.runtime import open_database  # noqa: E402
-from corpusync.vectors import (  # noqa: E402
+from corpusync.app.runtime import open_database  # noqa: E402
+from corpusync.core import lexical, pgcopy  # noqa: E402
+from corpusync.core.vectors import (  # noqa: E402
     LexicalRows,
     SparseRows,
     embedding_batch,
 )
+from corpusync.store import db  # noqa: E402
 from schemas.records import Chunk, ChunkedDocument, EmbeddedDocument  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from tasks.load import chunk_fields  # noqa: E402

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -39,8 +39,8 @@ os.environ.setdefault("UNSTRUCTURED_DISABLE_NOTICE", "1")
 
 from rapidfuzz.distance import Levenshtein  # noqa: E402
 
-from corpusync.embedders import Tokenizer  # noqa: E402
-from corpusync.errors import ParseError  # noqa: E402
+from corpusync.adapters.embedders import Tokenizer  # noqa: E402
+from corpusync.core.errors import ParseError  # noqa: E402
 from schemas.records import Block, ParsedDocument, SourceFile  # noqa: E402
 from tasks.chunk import ChunkConfig, chunk_document  # noqa: E402
 from tasks.parsing.markdown import parse_markdown_direct  # noqa: E402
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="parses per file and path (the median is timed)")
     ap.add_argument("--worst", type=int, default=12, help="list this many least similar files")
     args = ap.parse_args()
-    from corpusync.embedders import build_embedder
+    from corpusync.adapters.embedders import build_embedder
     from schemas.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="mdbench-") as tmp:

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 
@@ -33,7 +33,7 @@ import pymupdf  # noqa: E402
 from rapidfuzz.distance import Levenshtein  # noqa: E402
 
 from bench.parse_quality import char_f1, no_ws  # noqa: E402
-from corpusync.ocr import OcrResult, RapidOcrEngine, fit_to_engine, lines_to_paragraphs, recognise_page  # noqa: E402
+from corpusync.adapters.ocr import OcrResult, RapidOcrEngine, fit_to_engine, lines_to_paragraphs, recognise_page  # noqa: E402
 
 PAGES = [  # (file, page, scored against its text layer)
     ("pdfplumber-test-pdfs/zh/pr-136-example.pdf", 1, False),  # scanned letter, 2550x3509 page images

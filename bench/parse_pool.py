@@ -23,13 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 
 import pymupdf  # noqa: E402
 
-from corpusync.errors import ParseError  # noqa: E402
+from corpusync.core.errors import ParseError  # noqa: E402
 from schemas.records import SourceFile  # noqa: E402
 from tasks.parse import ParseOptions, parse_document  # noqa: E402
 from tasks.parse_worker import ParsePool, default_workers  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -131,7 +131,7 @@ def main() -> None:
           f"e.g. {list(removed)[:3]}")
 
     # (b) OCR accuracy on rendered text pages
-    from corpusync.ocr import RapidOcrEngine, lines_to_paragraphs, recognise_page
+    from corpusync.adapters.ocr import RapidOcrEngine, lines_to_paragraphs, recognise_page
 
     engine = RapidOcrEngine()
     print("\n## (b) OCR character accuracy (RapidOCR PP-OCR, 200 dpi renders of text pages vs their text layer)")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -31,9 +31,9 @@ os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the
 from pgvector import HalfVector  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from corpusync.embedders import build_embedder  # noqa: E402
-from corpusync.lexical import Analyzer  # noqa: E402
-from corpusync.runtime import open_database  # noqa: E402
+from corpusync.adapters.embedders import build_embedder  # noqa: E402
+from corpusync.app.runtime import open_database  # noqa: E402
+from corpusync.core.lexical import Analyzer  # noqa: E402
 from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 

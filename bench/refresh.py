@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parent.parent / "examples/sample-corpus")
     args = ap.parse_args()
 
-    from corpusync import db
+    from corpusync.store import db
     from flows.refresh import refresh
     from schemas.settings import Settings
 

@@ -32,8 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from corpusync.lifetime import stop_process  # noqa: E402
-from corpusync.offline import apply_offline_defaults  # noqa: E402
+from corpusync.core.lifetime import stop_process  # noqa: E402
+from corpusync.core.offline import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
 

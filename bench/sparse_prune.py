@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the demo/test model unless told
@@ -34,8 +34,8 @@ os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
-from corpusync.embedders import FlagEmbedder, build_embedder  # noqa: E402
-from corpusync.vectors import SparseRows  # noqa: E402
+from corpusync.adapters.embedders import FlagEmbedder, build_embedder  # noqa: E402
+from corpusync.core.vectors import SparseRows  # noqa: E402
 from evaluation.goldsets import load_goldset, passage_filename, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 

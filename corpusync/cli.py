@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from corpusync.errors import CorpusyncError
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.errors import CorpusyncError
+from corpusync.core.offline import apply_offline_defaults
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Keep a pgvector retrieval index exactly in step with a document corpus.")
@@ -56,7 +56,7 @@ def _quiet_libraries() -> None:
 
 
 class _Bar:
-    """rich progress bar fed by corpusync.progress."""
+    """rich progress bar fed by corpusync.core.progress."""
 
     def __init__(self, enabled: bool) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -93,16 +93,17 @@ def refresh(
 ) -> None:
     """Bring the index in step with SOURCE and publish a new generation if anything changed."""
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from corpusync import progress
-    from corpusync.fastpath import refresh_if_unchanged
+    from corpusync.app.fastpath import refresh_if_unchanged
+    from corpusync.core import progress
 
     settings = _settings()
     # nothing changed (most scheduled runs): recorded without a flow run, in well under a second of work
     summary, found = (None, None) if reembed else refresh_if_unchanged(
         settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate)
     if summary is None:
-        from corpusync import pipeline, prefect_local
-        from corpusync.embedders import build_embedder
+        from corpusync.adapters.embedders import build_embedder
+        from corpusync.app import pipeline
+        from corpusync.core import prefect_local
 
         # torch, FlagEmbedding and the model load from now on (the longest wait of a small refresh), in a
         # process of their own (settings.model_process) while the flow machinery loads here and Prefect's local
@@ -138,7 +139,7 @@ class _ExpectedFailureFilter:
     (gate failed, mass delete, model mismatch, ...); unexpected exceptions keep their tracebacks."""
 
     def filter(self, record: Any) -> bool:
-        from corpusync.errors import as_user_error
+        from corpusync.core.errors import as_user_error
 
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and as_user_error(exc) is not None:  # also a lost database: one line, by main()
@@ -148,7 +149,7 @@ class _ExpectedFailureFilter:
 
 
 def _corpusync_error_names() -> list[str]:
-    from corpusync import errors
+    from corpusync.core import errors
 
     return [n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, CorpusyncError)]
 
@@ -242,7 +243,7 @@ def _print_hits(text: str, hits: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from corpusync.lexical import Analyzer
+    from corpusync.core.lexical import Analyzer
 
     terms = sorted({t for t in Analyzer.from_settings(_settings()).query(text).terms if len(t) > 1}, key=len,
                    reverse=True)
@@ -270,7 +271,7 @@ def _print_hits(text: str, hits: Any) -> None:
 def segment(text: Annotated[str, typer.Argument(help="Text to segment.")]) -> None:
     """Print TEXT as the lexical index reads it (Traditional folded, jieba for Chinese, query syntax kept:
     -term, "phrase"): paste it into corpusync.search_text() or search_hybrid()."""
-    from corpusync.lexical import Analyzer
+    from corpusync.core.lexical import Analyzer
 
     typer.echo(Analyzer.from_settings(_settings()).query(text).sql_text())
 
@@ -290,8 +291,8 @@ def eval_cmd(
 ) -> None:
     """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG, search latency per mode, hybrid+rerank when a
     reranker is configured; RAGAS), one report per gold set. Exit 0 pass, 1 regression, 2 error."""
-    from corpusync.evaluating import evaluate_and_gate
-    from corpusync.runtime import open_database
+    from corpusync.app.evaluating import evaluate_and_gate
+    from corpusync.app.runtime import open_database
     from query.search import Searcher
 
     settings = _settings()
@@ -301,7 +302,7 @@ def eval_cmd(
         outcome = evaluate_and_gate(settings, conn, searcher, gen, specs=goldset or settings.goldsets,
                                     gated=gate, max_questions=limit)
     if parquet is not None:
-        from corpusync.analytics import eval_parquet
+        from corpusync.app.analytics import eval_parquet
 
         n_rows = eval_parquet(outcome.evaluations, parquet)
         typer.echo(f"wrote {n_rows} per-question rows to {parquet}", err=as_json)
@@ -327,7 +328,7 @@ app.add_typer(api_app, name="api")
 @api_app.command("status")
 def api_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Whether the shared local API server runs: its URL (for `prefect` commands) and the commands using it."""
-    from corpusync.prefect_local import shared_status
+    from corpusync.core.prefect_local import shared_status
 
     info = shared_status()
     if as_json:
@@ -342,7 +343,7 @@ def api_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
 @api_app.command("stop")
 def api_stop() -> None:
     """Stop the shared local API server now (the next refresh starts a new one)."""
-    from corpusync.prefect_local import stop_shared
+    from corpusync.core.prefect_local import stop_shared
 
     typer.echo("stopped" if stop_shared() else "not running")
 
@@ -381,8 +382,8 @@ def tune(
 ) -> None:
     """Fit the hybrid fusion (channel weights, RRF k) on gold sets by k-fold cross-validation, print held-in
     and held-out gains, and store it with the index: query, the SQL functions and the gate then use it."""
-    from corpusync.runtime import open_database
-    from corpusync.tuning import tune_fusion
+    from corpusync.app.runtime import open_database
+    from corpusync.app.tuning import tune_fusion
     from evaluation.goldsets import load_goldset, sample_questions
     from query.search import Searcher
     from tasks.evaluate import require_goldsets
@@ -406,7 +407,7 @@ def tune(
 @app.command()
 def rollback() -> None:
     """Make the previous generation live again (instant; one UPDATE)."""
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
     from corpusync.store.generations import rollback as do_rollback
 
     with open_database(_settings()) as conn:
@@ -417,7 +418,7 @@ def rollback() -> None:
 @app.command()
 def prune() -> None:
     """Delete rows that fell out of the retention window (a refresh does this too)."""
-    from corpusync.runtime import acquire_writer_lock, open_database
+    from corpusync.app.runtime import acquire_writer_lock, open_database
     from corpusync.store.generations import prune as do_prune
 
     settings = _settings()
@@ -432,8 +433,8 @@ def prune() -> None:
 @db_app.command("status")
 def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
-    from corpusync import db
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
+    from corpusync.store import db
     from corpusync.store.generations import index_state, recent_generations
     from corpusync.store.status import row_counts, server_versions
     from query.search import SERVABLE
@@ -478,7 +479,7 @@ def db_url(
         "--tcp", help="Print the TCP URL (embedded server: needs CORPUSYNC_EMBEDDED_LISTEN).")] = False,
 ) -> None:
     """Print the connection URL (for psql, BI tools, SQLAlchemy), with search_path=corpusync,public."""
-    from corpusync import db
+    from corpusync.store import db
 
     settings = _settings()
     loc = db.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
@@ -494,7 +495,7 @@ def db_url(
 @db_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def db_psql(ctx: typer.Context) -> None:
     """Open psql on the index database (search_path set to corpusync); extra args go to psql."""
-    from corpusync import db
+    from corpusync.store import db
 
     url = db.resolve_database(_settings()).url
     psql = shutil.which("psql")
@@ -510,7 +511,7 @@ def db_psql(ctx: typer.Context) -> None:
 @db_app.command("stop")
 def db_stop() -> None:
     """Stop the embedded PostgreSQL of this home (it otherwise keeps running between commands)."""
-    from corpusync import db
+    from corpusync.store import db
 
     stopped = db.stop_embedded(_settings())
     typer.echo("stopped" if stopped else "not running")
@@ -540,8 +541,8 @@ def export_cmd(
         help="Export this generation (default: the published one).")] = None,
 ) -> None:
     """Write the live chunks (or a generation's) with their lineage columns to Parquet, streamed in batches."""
-    from corpusync.analytics import export_parquet
-    from corpusync.runtime import open_database
+    from corpusync.app.analytics import export_parquet
+    from corpusync.app.runtime import open_database
 
     with open_database(_settings()) as conn:
         done = export_parquet(conn, path, generation=generation, vectors=vectors)
@@ -561,8 +562,8 @@ def db_grant_reader(
 ) -> None:
     """Create or update a read-only login role (member of corpusync_reader) for BI tools and analysts.
     Without --password/--password-stdin an existing role keeps its password (a terminal is prompted)."""
-    from corpusync import roles
-    from corpusync.runtime import open_database
+    from corpusync.app import roles
+    from corpusync.app.runtime import open_database
 
     if password is not None and password_stdin:
         raise CorpusyncError("give --password or --password-stdin, not both")
@@ -581,8 +582,8 @@ def db_grant_reader(
 @db_app.command("revoke-reader")
 def db_revoke_reader(name: Annotated[str, typer.Argument(help="The reader role to drop.")]) -> None:
     """Drop a reader role made by grant-reader, and its access groups."""
-    from corpusync import roles
-    from corpusync.runtime import open_database
+    from corpusync.app import roles
+    from corpusync.app.runtime import open_database
 
     with open_database(_settings()) as conn:
         dropped = roles.revoke_reader(conn, name)
@@ -590,9 +591,9 @@ def db_revoke_reader(name: Annotated[str, typer.Argument(help="The reader role t
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; every outcome maps to a documented exit code (corpusync.errors), and under --json
+    """Run one command; every outcome maps to a documented exit code (corpusync.core.errors), and under --json
     to exactly one JSON document on stdout. Errors are handled here, once, for every command."""
-    from corpusync.errors import EXIT_INTERRUPTED
+    from corpusync.core.errors import EXIT_INTERRUPTED
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -631,7 +632,7 @@ def _report_failure(exc: Exception, *, as_json: bool) -> int:
     the same as a JSON document, with the run summary when a refresh got that far."""
     import traceback
 
-    from corpusync.errors import EXIT_INTERNAL, as_user_error
+    from corpusync.core.errors import EXIT_INTERNAL, as_user_error
 
     known = as_user_error(exc)
     if known is None:

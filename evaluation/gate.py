@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from evaluation.metrics import is_quality_metric, paired_bootstrap
 from schemas.eval import GateCheck, check_thresholds, split_threshold_key
 

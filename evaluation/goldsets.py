@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from schemas.eval import GoldQuestion, GoldRef, GoldSet
 
 _SAFE = re.compile(r"[^\w.\-]+", re.UNICODE)

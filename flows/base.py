@@ -11,7 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from prefect import Flow
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from schemas.params import with_overrides
 from schemas.settings import Settings
 

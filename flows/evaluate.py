@@ -11,8 +11,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
-from corpusync.errors import EvalGateFailed
-from corpusync.runtime import open_database
+from corpusync.app.runtime import open_database
+from corpusync.core.errors import EvalGateFailed
 from flows.base import flow_settings, settings_flow
 from schemas.params import Floors, Generation, GoldSets, Questions, Tolerances
 
@@ -36,7 +36,7 @@ def evaluate(
         gate_tolerances: Tolerated drop per metric; unset: CORPUSYNC_GATE_TOLERANCES.
         gate_floors: Absolute minimum per metric; unset: CORPUSYNC_GATE_FLOORS.
     """
-    from corpusync.evaluating import evaluate_and_gate
+    from corpusync.app.evaluating import evaluate_and_gate
     from query.search import Searcher
 
     settings = flow_settings(gate_tolerances=gate_tolerances, gate_floors=gate_floors)

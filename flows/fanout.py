@@ -17,9 +17,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, as_completed
 
-from corpusync import build as build_stage
-from corpusync import fanout, progress
-from corpusync.runtime import RefreshContext
+from corpusync.app import build as build_stage
+from corpusync.app import fanout
+from corpusync.app.runtime import RefreshContext
+from corpusync.core import progress
 from flows.runners import close_pools_with_dask_workers
 from schemas.records import DiffPlan
 from schemas.settings import Settings

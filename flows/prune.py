@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from corpusync.runtime import acquire_writer_lock, open_database
+from corpusync.app.runtime import acquire_writer_lock, open_database
 from flows.base import flow_settings, settings_flow
 from schemas.params import LockTimeout
 

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 
 from prefect.runtime import flow_run  # noqa: E402
 
-from corpusync import pipeline  # noqa: E402
-from corpusync.runtime import writer_session  # noqa: E402
+from corpusync.app import pipeline  # noqa: E402
+from corpusync.app.runtime import writer_session  # noqa: E402
 from flows import fanout  # noqa: E402
 from flows import steps as t  # noqa: E402
 from flows.artifacts import publish_run_summary, tag_run  # noqa: E402
@@ -98,7 +98,7 @@ def refresh(
     return ctx.summary.model_dump()
 
 
-if __name__ == "__main__":
-    from corpusync.cli import main
+if __name__ == "__main__":  # `python -m flows.refresh PATH`: the flow alone (`corpusync refresh` is the CLI)
+    import json
 
-    sys.exit(main(["refresh", *sys.argv[1:]]))
+    print(json.dumps(refresh(sys.argv[1]), ensure_ascii=False, indent=2, default=str))

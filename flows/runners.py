@@ -57,7 +57,7 @@ def close_pools_with_dask_workers(runner: TaskRunner[Any]) -> None:
         idempotent = True
 
         def teardown(self, worker: Any) -> None:
-            from corpusync.fanout import close_pools
+            from corpusync.app.fanout import close_pools
 
             close_pools()
 

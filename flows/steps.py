@@ -7,9 +7,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from corpusync import build as build_stage
-from corpusync import pipeline
-from corpusync.runtime import RefreshContext
+from corpusync.app import build as build_stage
+from corpusync.app import pipeline
+from corpusync.app.runtime import RefreshContext
 from flows import fanout
 from flows.artifacts import publish_evaluation
 from schemas.records import DiffPlan
@@ -28,7 +28,7 @@ def diff(ctx: RefreshContext, found: pipeline.Discovered) -> DiffPlan:
 @task(name="build", cache_policy=NO_CACHE)
 def build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
     """parse -> chunk -> embed -> validate -> load in bounded batches, streamed in this process
-    (corpusync/build.py)."""
+    (corpusync/app/build.py)."""
     generation = build_stage.step_build(ctx, plan)
     publish_validation(ctx)
     return generation

@@ -9,22 +9,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import date
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from pgvector import HalfVector, SparseVector
 from psycopg.types.json import Jsonb
 
-from corpusync import lexical
-from corpusync.embedders import Embedder, build_embedder
-from corpusync.errors import CorpusyncError, ModelMismatch
+from corpusync.adapters.embedders import Embedder, build_embedder
+from corpusync.core import lexical
+from corpusync.core.errors import CorpusyncError, ModelMismatch
 from corpusync.store import fusions, generations
 from corpusync.store.search import search_rows
 from evaluation.fusion import CHANNELS, Fusion
+from schemas.eval import MODES, Mode
 from schemas.settings import Settings
 
-Mode = Literal["hybrid", "dense", "lexical", "sparse"]
-MODES = ("hybrid", "dense", "lexical", "sparse")
 MAX_K = 10_000  # hnsw.ef_search and the channel pools are sized from k
 log = logging.getLogger("corpusync.query")
 
@@ -226,7 +225,7 @@ class Searcher:
         return hits
 
     def _rerank(self, text: str, hits: list[Hit]) -> list[Hit]:
-        from corpusync.rerank import build_reranker
+        from corpusync.adapters.rerank import build_reranker
 
         reranker = build_reranker(self.settings)
         if reranker is None or not hits:
@@ -326,7 +325,7 @@ def search(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid", ge
     """One-shot search (opens and closes its own connection unless one is given)."""
     if conn is not None:
         return Searcher(settings, conn).search(text, k, mode, generation, filters=filters, rerank=rerank)
-    from corpusync.runtime import open_database
+    from corpusync.store.db import open_database
 
     with open_database(settings) as c:
         return Searcher(settings, c).search(text, k, mode, generation, filters=filters, rerank=rerank)

@@ -1,7 +1,7 @@
 """The query service: hybrid search over HTTP for applications (`corpusync serve`).
 
 `create_app(settings)` returns a FastAPI app that, at startup, loads the embedding model once, migrates the
-schema (corpusync.runtime.open_database) and keeps a small pool of connections, each with its own
+schema (corpusync.app.runtime.open_database) and keeps a small pool of connections, each with its own
 `query.search.Searcher`: the modes, filters, lexical query syntax (`-term`, `"phrase"`) and stored fusion are
 exactly the CLI's. Endpoints are plain (sync) functions, run by FastAPI in its threadpool; a request borrows
 one connection for its whole search, so no two threads ever share a connection or its Searcher.
@@ -35,10 +35,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from corpusync import db
-from corpusync.embedders import Embedder, EmbeddingOutput, ModelIdentity, build_embedder
-from corpusync.errors import CorpusyncError, DatabaseError
-from corpusync.store import generations
+from corpusync.adapters.embedders import Embedder, EmbeddingOutput, ModelIdentity, build_embedder
+from corpusync.core.errors import CorpusyncError, DatabaseError
+from corpusync.store import db, generations
 from query.search import Hit, Searcher
 from schemas.settings import Settings
 
@@ -192,8 +191,8 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
     `pool_size`: at most this many concurrent searches (one connection each; more requests wait for one).
     `embedder`: an already loaded query embedder (default: built from the settings at startup).
     """
-    from corpusync.lexical import Analyzer
-    from corpusync.runtime import open_database
+    from corpusync.core.lexical import Analyzer
+    from corpusync.store.db import open_database
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -279,7 +278,7 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
 def app_from_env() -> FastAPI:
     """The app over Settings() read from CORPUSYNC_* (uvicorn's factory for `corpusync serve`: every worker
     process builds its own)."""
-    from corpusync.offline import apply_offline_defaults
+    from corpusync.core.offline import apply_offline_defaults
 
     apply_offline_defaults()
     return create_app(Settings())

@@ -10,7 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
+
+# The retrieval modes a search runs (query.search) and an evaluation scores (tasks.evaluate).
+Mode = Literal["hybrid", "dense", "lexical", "sparse"]
+MODES: tuple[Mode, ...] = ("hybrid", "dense", "lexical", "sparse")
 
 GoldLevel = Literal["passage", "document"]
 

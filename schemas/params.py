@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from schemas.eval import check_thresholds
 from schemas.settings import Settings
 

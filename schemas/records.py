@@ -11,9 +11,25 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, Field
 
-from corpusync.vectors import SparseRows, dense_of, sparse_of
+from corpusync.core.vectors import SparseRows, dense_of, sparse_of
 
 BlockKind = Literal["title", "text", "table", "list", "ocr"]
+
+
+@dataclass(frozen=True)
+class ParseOptions:
+    """What parsing needs from the settings (picklable: it travels to the isolated parse worker)."""
+
+    max_bytes: int = 200 * 1024 * 1024
+    ocr_engine: str = "rapidocr"
+    ocr_model_dir: str | None = None
+    ocr_dpi: int = 200
+    ocr_min_confidence: float = 0.80
+    ocr_max_pages: int = 200
+    pdf_tables: bool = False
+    max_chars: int = 20_000_000  # most characters of text a document may yield (CORPUSYNC_PARSE_MAX_CHARS)
+    markdown_parser: str = "direct"  # "direct" (markdown-it-py) or "unstructured" (CORPUSYNC_MARKDOWN_PARSER)
+
 
 
 @dataclass(frozen=True, slots=True)

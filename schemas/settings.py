@@ -10,7 +10,8 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
+from schemas.records import ParseOptions
 
 EmbedderName = Literal["minilm", "bge-m3"]
 
@@ -411,7 +412,7 @@ class Settings(BaseSettings):
         return self
 
     def database_dsn(self) -> str | None:
-        """The database URL in clear, for connecting only (never log it: corpusync.db.redact)."""
+        """The database URL in clear, for connecting only (never log it: corpusync.store.db.redact)."""
         value: Any = self.database_url
         return value.get_secret_value() if isinstance(value, SecretStr) else value
 
@@ -419,9 +420,7 @@ class Settings(BaseSettings):
     def pgdata(self) -> Path:
         return self.home / "pgdata"
 
-    def parse_options(self) -> Any:
-        from tasks.parse import ParseOptions
-
+    def parse_options(self) -> ParseOptions:
         return ParseOptions(
             max_bytes=self.max_file_bytes, ocr_engine=self.ocr_engine,
             ocr_model_dir=str(self.ocr_model_dir) if self.ocr_model_dir else None, ocr_dpi=self.ocr_dpi,

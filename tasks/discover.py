@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from schemas.records import QuarantineRecord, SourceFile
 
 _HASH_BLOCK = 1 << 20

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corpusync.embedders import Embedder, EmbeddingOutput
-from corpusync.vectors import LexicalRows, SparseRows, VectorTable, embedding_batch
+from corpusync.adapters.embedders import Embedder, EmbeddingOutput
+from corpusync.core.vectors import LexicalRows, SparseRows, VectorTable, embedding_batch
 
 if TYPE_CHECKING:
     from schemas.records import ChunkedDocument, EmbeddedDocument

@@ -3,7 +3,7 @@
 The metrics, relevance rules and the gate itself are pure functions in evaluation/; this module runs a gold
 set's questions through a Searcher (the query layer) and scores them, given the generation's chunks of the
 gold documents. Reading and storing evaluations, finding baselines and writing the reports is
-corpusync.evaluating (its SQL: corpusync.store.evaluations); nothing here touches the database.
+corpusync.app.evaluating (its SQL: corpusync.store.evaluations); nothing here touches the database.
 
 Modes: `eval_modes` (plus the gate's mode). With a reranker configured (`reranker_path`) and `eval_modes` left
 at its default, `hybrid+rerank` (hybrid search, its fused candidates re-ordered by the cross-encoder) is
@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
-from corpusync.embedders import Embedder, EmbeddingOutput
-from corpusync.errors import ConfigError
+from corpusync.adapters.embedders import Embedder, EmbeddingOutput
+from corpusync.core.errors import ConfigError
 from evaluation import relevance as rel
 from evaluation.gate import (
     baseline_mismatch,
@@ -37,12 +37,28 @@ from evaluation.gate import (
 )
 from evaluation.metrics import aggregate, first_relevant_rank, latency_summary, question_scores
 from evaluation.ragas_eval import RagasSample, ragas_scores
-from query.search import MODES, Searcher
-from schemas.eval import ChunkRef, Evaluation, GateOutcome, GoldSet, QuestionResult
+from schemas.eval import MODES, ChunkRef, Evaluation, GateOutcome, GoldSet, QuestionResult
 from schemas.settings import Settings
 
 K_RETRIEVE = 20
 RERANK_MODE = "hybrid+rerank"
+
+
+class Searcher(Protocol):
+    """What scoring and tuning ask of the query layer (query.search.Searcher answers it): searches of a given
+    generation, the model that embeds the questions, the stored fusion, the model's coverage of a text. A
+    protocol, so the stages stay free of the database the searcher reads."""
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    def search(self, text: str, *, k: int = 10, mode: Any = "hybrid", generation: int | None = None,
+               query_vector: Any = None, rerank: bool = False, fusion: Any = None,
+               pool: int | None = None) -> list[Any]: ...
+
+    def dense_coverage(self, text: str) -> float: ...
+
+    def fusion(self, model_id: int, generation: int) -> Any: ...
 REPORT_TITLE = "# corpusync evaluation\n\n"
 __all__ = ["GateOutcome", "score_generation"]
 
@@ -127,7 +143,7 @@ def _search(searcher: Searcher, text: str, mode: str, generation: int, vector: A
     if mode == RERANK_MODE:
         return searcher.search(text, k=K_RETRIEVE, mode="hybrid", generation=generation, query_vector=vector,
                                rerank=True)
-    return searcher.search(text, k=K_RETRIEVE, mode=mode, generation=generation,  # type: ignore[arg-type]
+    return searcher.search(text, k=K_RETRIEVE, mode=mode, generation=generation,
                            query_vector=vector)
 
 
@@ -144,7 +160,7 @@ def wanted_paths(docs: Mapping[str, Iterable[str]]) -> list[str]:
 def score_generation(settings: Settings, searcher: Searcher, goldset: GoldSet, generation: int, gold: GoldChunks,
                      model_id: int | None = None) -> Evaluation:
     """Run every question of `goldset` against `generation` in each configured mode and score it. `gold`: the
-    generation's documents and chunks for the gold references (corpusync.evaluating.gold_chunks)."""
+    generation's documents and chunks for the gold references (corpusync.app.evaluating.gold_chunks)."""
     modes, notes = plan_modes(settings)
     docs, by_path = gold
     questions = goldset.questions

@@ -1,6 +1,6 @@
 """load: the pure half of writing a candidate generation: the model check, and the columns of the binary
 COPYs (chunks, lexical postings, cached vectors) encoded from the documents' Arrow vector batches
-(corpusync.pgcopy). The writes themselves (one transaction per batch of documents) are
+(corpusync.core.pgcopy). The writes themselves (one transaction per batch of documents) are
 corpusync.store.versions.load_documents; nothing here touches the database.
 """
 
@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpusync import pgcopy
-from corpusync.errors import ModelMismatch
-from corpusync.vectors import (
+from corpusync.core import pgcopy
+from corpusync.core.errors import ModelMismatch
+from corpusync.core.vectors import (
     DENSE,
     SEARCH_TEXT,
     SPARSE_INDICES,

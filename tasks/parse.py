@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corpusync.errors import ParseError
-from corpusync.lexical import HAN
-from schemas.records import ParsedDocument, SourceFile
-from tasks.parsing.common import PARSE_LOGIC_VERSION, ParseOptions, _version, clean_text, rows_to_markdown
+from corpusync.core.errors import ParseError
+from corpusync.core.lexical import HAN
+from schemas.records import ParsedDocument, ParseOptions, SourceFile
+from tasks.parsing.common import PARSE_LOGIC_VERSION, _version, clean_text, rows_to_markdown
 from tasks.parsing.layout import MARGIN_BAND, PageBlock, heading_levels, looks_like_heading, strip_running_lines
 from tasks.parsing.limits import (
     MAX_PIXELS,
@@ -140,7 +140,7 @@ def merge_sidecar(doc: ParsedDocument, user: dict[str, Any]) -> None:
 
 
 _SCRIPTS = (("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"), ("ar", "\u0600", "\u06ff"),
-            ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.lexical defines it
+            ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.core.lexical defines it
 
 
 def detect_script(text: str) -> str:

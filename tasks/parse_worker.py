@@ -33,8 +33,8 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
-from corpusync.errors import ParseError
-from corpusync.lifetime import watch_parent
+from corpusync.core.errors import ParseError
+from corpusync.core.lifetime import watch_parent
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
 
@@ -96,7 +96,7 @@ def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tu
     watch_parent(parent)
     _WORKER.update(options=options, memory_mb=memory_mb, parse=parse, problem=_apply_memory_limit(memory_mb))
     try:
-        from corpusync.offline import apply_offline_defaults
+        from corpusync.core.offline import apply_offline_defaults
 
         apply_offline_defaults()
         _warm_up(warm)
@@ -172,7 +172,7 @@ def _release_freed_memory() -> None:
     if resident >= KEEP_ENGINES_BELOW_MIB:
         import gc
 
-        from corpusync.ocr import build_ocr_engine
+        from corpusync.adapters.ocr import build_ocr_engine
 
         build_ocr_engine.cache_clear()
         gc.collect()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusync.errors import MassDeleteRefused
+from corpusync.core.errors import MassDeleteRefused
 from schemas.records import DiffPlan
 
 

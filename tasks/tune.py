@@ -7,7 +7,7 @@ its rank and score in each channel, so any fusion of them is exactly what search
 can read, as query.search does at query time. Questions of several gold sets are tuned together (one fusion
 per index), and every set is reported on its own, so a gain on one set that costs another shows.
 
-This is the pure half; reading the gold chunks and storing the fusion is corpusync.tuning.
+This is the pure half; reading the gold chunks and storing the fusion is corpusync.app.tuning.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from evaluation.fusion import (
     score,
     tune,
 )
-from query.search import Searcher
 from schemas.eval import GoldSet
 from schemas.settings import Settings
+from tasks.evaluate import Searcher
 
 if TYPE_CHECKING:
     from tasks.evaluate import GoldChunks
@@ -61,7 +61,7 @@ class TuneOutcome:
 def question_candidates(settings: Settings, searcher: Searcher, goldset: GoldSet, generation: int,
                         gold: GoldChunks) -> list[QuestionCandidates]:
     """Every question of the gold set with its candidates from all channels and its relevance units. `gold`:
-    the generation's documents and chunks for the gold references (corpusync.evaluating.gold_chunks)."""
+    the generation's documents and chunks for the gold references (corpusync.app.evaluating.gold_chunks)."""
     from tasks.evaluate import K_RETRIEVE, embed_questions
 
     docs, by_path = gold

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from corpusync.lifetime import watch_parent
+from corpusync.core.lifetime import watch_parent
 from tasks.validate import SuiteResult, Thresholds, run_suite
 
 log = logging.getLogger("corpusync.validate")
@@ -30,7 +30,7 @@ _worker: _SuiteWorker | None = None
 
 
 def _init_worker(parent: int) -> None:
-    """The worker's initializer: tied to the refresh's life (corpusync/lifetime.py), then the imports the
+    """The worker's initializer: tied to the refresh's life (corpusync/core/lifetime.py), then the imports the
     first suite would pay (not at a lower CPU priority: under load, a niced worker took seconds to die with
     its SIGKILLed refresh, tests/test_fault_campaign.py). Never raises (the pool would be broken); the suite reports
     a real import failure."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corpusync.offline import apply_offline_defaults
+from corpusync.core.offline import apply_offline_defaults
 
 apply_offline_defaults()
 # The production default is bge-m3 (weights not available here); the tests embed with the packaged MiniLM.
@@ -51,7 +51,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_server: str) -> str:
-    from corpusync import db
+    from corpusync.store import db
 
     with db.connection(pg_server, autocommit=True) as conn:
         conn.execute("CREATE DATABASE corpusync_template")
@@ -63,7 +63,7 @@ def template_db(pg_server: str) -> str:
 @contextmanager
 def new_database(pg_server: str, template_db: str) -> Iterator[str]:
     """A fresh database cloned from the migrated template; dropped afterwards."""
-    from corpusync import db
+    from corpusync.store import db
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     with db.connection(pg_server, autocommit=True) as conn:
@@ -94,7 +94,7 @@ def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def conn(settings):  # type: ignore[no-untyped-def]
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
 
     c = open_database(settings)
     yield c
@@ -103,7 +103,7 @@ def conn(settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def embedder():  # type: ignore[no-untyped-def]
-    from corpusync.embedders import build_embedder
+    from corpusync.adapters.embedders import build_embedder
     from schemas.settings import Settings
 
     return build_embedder(Settings(chunk_max_tokens=128, home=Path(".corpusync")))

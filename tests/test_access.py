@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from corpusync.errors import CorpusyncError
-from corpusync.lexical import Analyzer
+from corpusync.core.errors import CorpusyncError
+from corpusync.core.lexical import Analyzer
 from query.search import Searcher, build_filter
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]

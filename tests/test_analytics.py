@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from corpusync import analytics
-from corpusync.analytics import documents_current, live_chunks, run_summary, search_text, to_polars
+from corpusync.app import analytics
+from corpusync.app.analytics import documents_current, live_chunks, run_summary, search_text, to_polars
 from corpusync.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

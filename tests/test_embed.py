@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from corpusync.embedders import EmbeddingOutput
-from corpusync.errors import ModelMismatch
-from corpusync.vectors import VectorTable
+from corpusync.adapters.embedders import EmbeddingOutput
+from corpusync.core.errors import ModelMismatch
+from corpusync.core.vectors import VectorTable
 from tasks.embed import EmbedStats, embed_documents, encode_texts
 from tasks.load import check_model
 
@@ -94,7 +94,7 @@ def test_model_mismatch_is_refused_unless_reembed() -> None:
 def test_sparse_top_k_matches_reference_loop() -> None:
     import torch
 
-    from corpusync.embedders import sparse_top_k
+    from corpusync.adapters.embedders import sparse_top_k
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (5, 30), generator=g)
@@ -157,7 +157,7 @@ class _TokenWeights(_OOMOnce):
     def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
         import torch
 
-        from corpusync.embedders import sparse_top_k
+        from corpusync.adapters.embedders import sparse_top_k
 
         out = super().embed(texts)
         enc = self.inner.tokenizer(list(texts), padding=True, return_tensors="pt")
@@ -187,7 +187,7 @@ def test_one_worker_per_device_shares_the_queue_and_keeps_input_order(embedder, 
     the single-worker result, and both workers ran batches."""
     import torch
 
-    from corpusync.embedders import build_embedder
+    from corpusync.adapters.embedders import build_embedder
     from schemas.settings import Settings
 
     multi = build_embedder(Settings(chunk_max_tokens=128, home=tmp_path, device="cpu,cpu"))
@@ -218,7 +218,7 @@ def test_one_worker_per_device_shares_the_queue_and_keeps_input_order(embedder, 
 def test_device_setting_resolves_to_workers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from pydantic import ValidationError
 
-    from corpusync.embedders import resolve_devices
+    from corpusync.adapters.embedders import resolve_devices
     from schemas.settings import Settings
 
     assert resolve_devices("cuda:0,cuda:2") == ["cuda:0", "cuda:2"]
@@ -235,7 +235,7 @@ def test_segmentation_overlaps_embedding_and_lands_in_the_record_batch(embedder)
     import threading
     from collections import Counter
 
-    from corpusync.lexical import Analyzer
+    from corpusync.core.lexical import Analyzer
     from schemas.records import Block
     from tasks.chunk import ChunkConfig, chunk_document
     from tests.test_stages_unit import _doc
@@ -262,7 +262,7 @@ def broken_vectors(embedder):  # type: ignore[no-untyped-def]
     """Three embedded documents: ok.md, nan.md (a NaN in a vector), long.md (an unnormalised vector)."""
     import dataclasses
 
-    from corpusync.vectors import embedding_batch
+    from corpusync.core.vectors import embedding_batch
     from schemas.records import Block, EmbeddedDocument
     from tasks.chunk import ChunkConfig, chunk_document
     from tests.test_stages_unit import _doc

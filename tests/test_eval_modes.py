@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from evaluation import relevance as rel
 from schemas.eval import GoldQuestion, GoldRef, GoldSet
 from schemas.settings import Settings

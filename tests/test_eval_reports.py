@@ -155,12 +155,12 @@ def test_eval_two_goldsets_reports_latency_counts_pages_and_rerank(
     monkeypatch.delenv("CORPUSYNC_EVAL_MODES")
 
     # --- with a reranker configured, hybrid+rerank is a mode with its own numbers (real Searcher rerank path)
-    import corpusync.rerank
+    import corpusync.adapters.rerank
 
     rr_dir = tmp_path / "reranker"
     rr_dir.mkdir()
     monkeypatch.setenv("CORPUSYNC_RERANKER_PATH", str(rr_dir))
-    monkeypatch.setattr(corpusync.rerank, "build_reranker", lambda settings: StandInReranker())
+    monkeypatch.setattr(corpusync.adapters.rerank, "build_reranker", lambda settings: StandInReranker())
     StandInReranker.calls = 0
     assert main(["eval", "--goldset", str(a), "--json"]) == 0
     (rr,) = json.loads(capsys.readouterr().out)

@@ -16,7 +16,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from corpusync import fanout
+from corpusync.app import fanout
 from tests.conftest import make_settings, new_database, small_corpus
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
@@ -80,7 +80,7 @@ def test_the_settings_choose_the_flows_task_runner(tmp_path: Path) -> None:
 
 def worker_state() -> dict[str, int]:
     """Run in a Dask worker: its parse pools and its loaded models."""
-    from corpusync.embedders import _EMBEDDERS
+    from corpusync.adapters.embedders import _EMBEDDERS
 
     return {"parse_pools": len(fanout._POOLS), "models": sum("model" in e.__dict__ for e in _EMBEDDERS.values())}
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from corpusync.cli import main
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from evaluation.gate import gate_checks
 from schemas.settings import Settings
 from tests.conftest import REPO, SAMPLE
@@ -96,7 +96,7 @@ def test_unknown_threshold_metric_is_a_config_error(tmp_path: Path, monkeypatch:
 
 
 def test_threshold_for_an_unknown_goldset_fails_before_any_work(tmp_path: Path) -> None:
-    from corpusync.evaluating import evaluate_and_gate
+    from corpusync.app.evaluating import evaluate_and_gate
     from evaluation.gate import check_threshold_goldsets
     from evaluation.goldsets import load_goldset
 
@@ -286,7 +286,7 @@ class OutOfMemoryEmbedder:
 @pytest.mark.db
 def test_question_embeddings_are_batched_and_survive_out_of_memory(
         prefect_harness: None, settings: Any, corpus: Path, conn: Any, embedder: Any) -> None:
-    from corpusync.evaluating import evaluate_generation
+    from corpusync.app.evaluating import evaluate_generation
     from evaluation.goldsets import load_goldset
     from flows.refresh import refresh
     from query.search import Searcher

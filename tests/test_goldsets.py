@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from evaluation.goldsets import FORMATS, export_corpus, goldset_hash, load_goldset, passage_filename
 from schemas.eval import GoldQuestion, GoldRef
 

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from corpusync import db
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
+from corpusync.store import db
 from tests.conftest import REPO, _db_url
 from tests.servers import wait_for_health
 
@@ -151,7 +151,7 @@ def test_auto_takes_cuda_only_where_nvidia_smi_lists_a_gpu(tmp_path: Path) -> No
 def test_empty_or_wrong_model_path_is_a_clear_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose used to pass `CORPUSYNC_MODEL_PATH: ${...:-}`, an empty string read as the current folder:
     the refresh died in task diff with FileNotFoundError 'config.json'."""
-    from corpusync.embedders import build_embedder
+    from corpusync.adapters.embedders import build_embedder
     from schemas.settings import Settings
 
     monkeypatch.setenv("CORPUSYNC_MODEL_PATH", "")

@@ -1,20 +1,17 @@
 """The house layering, checked on the source (AST; nothing is imported):
 
 - tasks/** (the stages) never reach the database: no import, at any level (module, function, TYPE_CHECKING),
-  of psycopg / psycopg_pool / pgvector.psycopg, corpusync.db or corpusync.store.
-- corpusync/store/** (the one data-access layer) sits below everything that calls it: it imports corpusync.db
-  and the low-level corpusync modules, schemas, and from tasks only the pure helpers it encodes with; never
-  flows, query, evaluation or the orchestration in corpusync (pipeline, runtime, cli, ...).
+  of psycopg / psycopg_pool / pgvector.psycopg or corpusync.store (its db module included).
+- corpusync/store/** (the one data-access layer) sits below everything that calls it: it imports its own
+  modules, the low-level corpusync.core modules, the model identity (corpusync.adapters.embedders), schemas,
+  and from tasks only the pure helpers it encodes with; never flows, query, evaluation or corpusync.app / cli.
 - SQL lives in sql/: no string literal that starts like an SQL statement in the Python packages, except in
-  corpusync/db.py (the migration bookkeeping and the named-query loader themselves).
-- Import cycles, in three views:
-  * modules, module-level imports (what runs when a module is imported; TYPE_CHECKING blocks excluded): none;
-  * modules, every import (function-level too): only KNOWN_MODULE_CYCLES;
-  * top-level packages, module-level imports: corpusync, tasks, schemas, query and evaluation are already one
-    strongly connected set (corpusync holds both the low-level modules the stages use, errors, vectors,
-    embedders, and the refresh orchestration that imports the stages), so the check is that no package joins
-    it (flows stays outside) and no other cycle appears. With function-level imports every package is in it
-    (corpusync.cli runs flows.refresh, which calls back into the CLI's fast path): not checked there.
+  corpusync/store/db.py (the migration bookkeeping and the named-query loader themselves).
+- No import cycle at all, counting every import (module level, in functions, under TYPE_CHECKING):
+  * between modules;
+  * between packages, corpusync's role packages counted apart (LAYERS, bottom first: corpusync.core, schemas,
+    corpusync.adapters, evaluation, tasks, corpusync.store, query, corpusync.app, flows, corpusync.cli); and
+    each imports only packages listed before it.
 """
 
 from __future__ import annotations
@@ -27,12 +24,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("corpusync", "tasks", "schemas", "query", "evaluation", "flows")
-DATABASE = ("psycopg", "psycopg_pool", "pgvector.psycopg", "corpusync.db", "corpusync.store")
+DATABASE = ("psycopg", "psycopg_pool", "pgvector.psycopg", "corpusync.store.db", "corpusync.store")
 # what corpusync.store may import from this repository's packages (prefixes)
-STORE_MAY_IMPORT = ("corpusync.db", "corpusync.errors", "corpusync.pgcopy", "corpusync.vectors",
-                    "corpusync.embedders", "corpusync.store", "schemas", "tasks.diff", "tasks.discover", "tasks.load")
-KNOWN_MODULE_CYCLES = [{"corpusync.cli", "flows.refresh"}]
-KNOWN_PACKAGE_CYCLE = {"corpusync", "evaluation", "query", "schemas", "tasks"}
+STORE_MAY_IMPORT = ("corpusync.store", "corpusync.core.errors", "corpusync.core.pgcopy", "corpusync.core.vectors",
+                    "corpusync.adapters.embedders", "schemas", "tasks.diff", "tasks.discover", "tasks.load")
+# the packages from the bottom up: each may import only those before it (corpusync, the root, holds no code)
+LAYERS = ("corpusync", "corpusync.core", "schemas", "corpusync.adapters", "evaluation", "tasks", "corpusync.store",
+          "query", "corpusync.app", "flows", "corpusync.cli")
 SQL_START = re.compile(r"^\s*(SELECT|INSERT\s+INTO|UPDATE\s+\w|DELETE\s+FROM|CREATE\s|ALTER\s|DROP\s|GRANT\s|"
                        r"SET\s+(LOCAL\s+)?[\w.]+\s*(=|TO\s)|SHOW\s+\w+$|COPY\s|TRUNCATE\s|WITH\s+\w+\s+AS\s*\()", re.I)
 
@@ -153,10 +151,18 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+def package_of(module: str) -> str:
+    """The package a module counts in: corpusync's role package (corpusync.core, ...; the CLI module is one of
+    its own), else the top-level package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "corpusync" and len(parts) > 1 else parts[0]
+
+
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    out: dict[str, set[str]] = {}
     for mod, targets in graph.items():
-        out[mod.split(".")[0]].update(t.split(".")[0] for t in targets if t.split(".")[0] != mod.split(".")[0])
+        here = package_of(mod)
+        out.setdefault(here, set()).update(package_of(t) for t in targets if package_of(t) != here)
     return out
 
 
@@ -170,9 +176,9 @@ def test_tasks_never_import_the_database() -> None:
 
 def test_the_checker_sees_a_stage_that_uses_the_database(tmp_path: Path) -> None:
     stage = tmp_path / "stage.py"
-    stage.write_text("from __future__ import annotations\nimport psycopg\nfrom corpusync import db\n\n"
+    stage.write_text("from __future__ import annotations\nimport psycopg\nfrom corpusync.store import db\n\n"
                      "def f() -> None:\n    from corpusync.store import versions\n")
-    assert [o.split(" ")[1] for o in database_imports(stage)] == ["psycopg", "corpusync.db",
+    assert [o.split(" ")[1] for o in database_imports(stage)] == ["psycopg", "corpusync.store.db",
                                                                   "corpusync.store.versions"]
 
 
@@ -187,7 +193,7 @@ def sql_literals(root: Path = REPO) -> list[str]:
     """'file:line text' for each string literal (docstrings aside) that starts like an SQL statement."""
     found = []
     for mod, path in modules(root).items():
-        if mod == "corpusync.db":
+        if mod == "corpusync.store.db":
             continue
         tree = ast.parse(path.read_text())
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
@@ -201,22 +207,22 @@ def sql_literals(root: Path = REPO) -> list[str]:
 
 def test_sql_statements_live_in_sql_files() -> None:
     offenders = sql_literals()
-    assert offenders == [], "SQL belongs in sql/queries/*.sql (corpusync.db.q):\n" + "\n".join(offenders)
+    assert offenders == [], "SQL belongs in sql/queries/*.sql (corpusync.store.db.q):\n" + "\n".join(offenders)
 
 
-def test_no_module_level_import_cycle() -> None:
-    assert cycles(module_graph(modules(), module_level_only=True)) == []
+def test_no_import_cycle_between_modules() -> None:
+    assert cycles(module_graph(modules(), module_level_only=False)) == []
 
 
-def test_function_level_imports_add_only_the_known_cycles() -> None:
-    new = [c for c in cycles(module_graph(modules(), module_level_only=False)) if c not in KNOWN_MODULE_CYCLES]
-    assert new == []
+def test_no_import_cycle_between_packages() -> None:
+    assert cycles(package_graph(module_graph(modules(), module_level_only=False))) == []
 
 
-def test_no_package_joins_the_known_package_cycle() -> None:
-    found = cycles(package_graph(module_graph(modules(), module_level_only=True)))
-    assert all(c <= KNOWN_PACKAGE_CYCLE for c in found), found
-    assert len(found) <= 1, found
+def test_each_package_imports_only_the_layers_below_it() -> None:
+    graph = package_graph(module_graph(modules(), module_level_only=False))
+    assert set(graph) <= set(LAYERS), f"a package missing from LAYERS: {set(graph) - set(LAYERS)}"
+    upward = {f"{p} -> {t}" for p, targets in graph.items() for t in targets if LAYERS.index(t) > LAYERS.index(p)}
+    assert upward == set(), "imports that reach up the layers:\n" + "\n".join(sorted(upward))
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

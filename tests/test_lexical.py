@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corpusync.errors import ConfigError
-from corpusync.lexical import CJK, MAX_TOKEN_CHARS, STOPWORDS, Analyzer, ParsedQuery
+from corpusync.core.errors import ConfigError
+from corpusync.core.lexical import CJK, MAX_TOKEN_CHARS, STOPWORDS, Analyzer, ParsedQuery
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 import threading
 
 def busy(parent):
-    from corpusync.lifetime import watch_parent
+    from corpusync.core.lifetime import watch_parent
     if sys.argv[1] == "watch":
         watch_parent(parent)
     print("busy", flush=True)

@@ -1,4 +1,4 @@
-"""The local Prefect API server CLI commands share (corpusync/prefect_local.py): the next command reuses it,
+"""The local Prefect API server CLI commands share (corpusync/core/prefect_local.py): the next command reuses it,
 `corpusync api stop` stops it, and it stops by itself once no command has used it for its linger time, also
 when the command that used it was SIGKILLed (a released lease and a dead one count the same: not in use).
 Real refreshes in fresh processes, a real Prefect server."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from corpusync.embedders import Tokenizer
-from corpusync.errors import ParseError
+from corpusync.adapters.embedders import Tokenizer
+from corpusync.core.errors import ParseError
 from schemas.records import Block, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document
 from tasks.parse import ParseOptions, html_table_to_markdown, parse_document, parser_fingerprint, rows_to_markdown

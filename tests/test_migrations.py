@@ -7,8 +7,8 @@ import json
 import psycopg
 import pytest
 
-from corpusync import db
-from corpusync.errors import MigrationError
+from corpusync.core.errors import MigrationError
+from corpusync.store import db
 
 
 def test_landed_migrations_match_lock_file() -> None:
@@ -17,7 +17,8 @@ def test_landed_migrations_match_lock_file() -> None:
     for name, checksum in locked.items():
         assert name in current, f"landed migration {name} was deleted"
         assert current[name] == checksum, f"landed migration {name} was edited: add a new migration instead"
-    assert set(current) == set(locked), "a new migration is not in sql/migrations.lock: python -m corpusync.db --lock"
+    assert set(current) == set(locked), ("a new migration is not in sql/migrations.lock: "
+                                         "python -m corpusync.store.db --lock")
 
 
 def test_migrate_is_idempotent_and_refuses_edited_migration(db_url: str) -> None:
@@ -71,7 +72,7 @@ def test_analyst_objects_survive_commands_and_an_upgrade_names_what_it_drops(db_
                                 ).fetchone() == oid
             # an upgrade of the views (their checksum differs) re-creates them and names what it drops
             conn.execute("UPDATE public.corpusync_views SET checksum = 'older'")
-            with caplog.at_level(logging.WARNING, logger="corpusync.db"):
+            with caplog.at_level(logging.WARNING, logger="corpusync.store.db"):
                 db.migrate(conn)
             assert "public.my_chunks" in caplog.text
             assert conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()[0] == db.views_checksum()

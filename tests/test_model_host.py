@@ -1,5 +1,5 @@
-"""The model in a process of its own (corpusync/model_host.py) and token counts from tokenizer.json
-(corpusync/fast_tokenizer.py): the same counts, offsets and vectors as transformers and the in-process model,
+"""The model in a process of its own (corpusync/adapters/model_host.py) and token counts from tokenizer.json
+(corpusync/core/fast_tokenizer.py): the same counts, offsets and vectors as transformers and the in-process model,
 a host killed mid-run (fault injection: SIGKILL) falls back to the in-process model and loses nothing, and a
 CLI refresh never imports torch in its own process."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpusync import model_host
-from corpusync.embedders import FlagEmbedder
-from corpusync.fast_tokenizer import FastTokenizer
+from corpusync.adapters import model_host
+from corpusync.adapters.embedders import FlagEmbedder
+from corpusync.core.fast_tokenizer import FastTokenizer
 from tasks.embed import EmbedStats, encode_texts, is_oom
 from tests.conftest import REPO, SAMPLE
 

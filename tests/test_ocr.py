@@ -8,7 +8,14 @@ import numpy as np
 import pymupdf
 import pytest
 
-from corpusync.ocr import OcrLine, OcrResult, RapidOcrEngine, build_ocr_engine, lines_to_paragraphs, recognise_page
+from corpusync.adapters.ocr import (
+    OcrLine,
+    OcrResult,
+    RapidOcrEngine,
+    build_ocr_engine,
+    lines_to_paragraphs,
+    recognise_page,
+)
 from tests.conftest import TEST_DATA
 
 LETTER = "pdfplumber-test-pdfs/zh/pr-136-example"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from corpusync.errors import ParseError
-from corpusync.ocr import OcrLine, lines_to_paragraphs
+from corpusync.adapters.ocr import OcrLine, lines_to_paragraphs
+from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, ocr_reason, parse_document, strip_running_lines
 from tasks.parse_worker import ParseWorker

@@ -19,8 +19,8 @@ from typing import Any
 import pymupdf
 import pytest
 
-from corpusync import ocr
-from corpusync.errors import ParseError
+from corpusync.adapters import ocr
+from corpusync.core.errors import ParseError
 from schemas.records import SourceFile
 from tasks.parse import ParseOptions, html_table_to_markdown, parse_document
 from tasks.parse_worker import ParseWorker

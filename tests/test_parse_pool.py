@@ -17,7 +17,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from corpusync.errors import ParseError
+from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
 from tasks.parse_worker import MAX_SCALED_PAGES, ParsePool, parse_deadline_s

@@ -1,5 +1,5 @@
 """The vectorised binary COPY encoder and the CSR sparse rows, checked against the real server: rows
-written by corpusync.pgcopy must read back exactly as the same rows written by psycopg's own write_row
+written by corpusync.core.pgcopy must read back exactly as the same rows written by psycopg's own write_row
 with pgvector's dumpers."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from pgvector import HalfVector, SparseVector
 from psycopg.types.json import Jsonb
 
-from corpusync import pgcopy
-from corpusync.vectors import SparseRows, dense_of, embedding_batch, sparse_of
+from corpusync.core import pgcopy
+from corpusync.core.vectors import SparseRows, dense_of, embedding_batch, sparse_of
 
 COLUMNS = "(a int8, b int4, t text, arr text[], j jsonb, h halfvec(5), s sparsevec(40))"
 TYPES = ["int8", "int4", "text", "text[]", "jsonb", "halfvec", "sparsevec"]

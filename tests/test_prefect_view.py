@@ -11,7 +11,7 @@ from uuid import UUID
 
 import pytest
 
-from corpusync.errors import EvalGateFailed
+from corpusync.core.errors import EvalGateFailed
 from tests.faults import scramble_parses
 from tests.test_eval_gate import env, goldset  # noqa: F401 (fixtures)
 

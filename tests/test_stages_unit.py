@@ -9,7 +9,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from corpusync.errors import MassDeleteRefused, ParseError
+from corpusync.core.errors import MassDeleteRefused, ParseError
 from schemas.records import Block, DiffPlan, LiveVersion, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
 from tasks.diff import diff

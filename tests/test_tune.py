@@ -32,7 +32,7 @@ def sample(prefect_harness, settings, tmp_path: Path, embedder) -> Any:  # type:
 
 
 def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.tuning import collect, tune_fusion
+    from corpusync.app.tuning import collect, tune_fusion
     from tasks.tune import describe
 
     settings = sample
@@ -94,7 +94,7 @@ def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> N
 
 
 def test_tune_refuses_too_few_questions(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.tuning import tune_fusion
+    from corpusync.app.tuning import tune_fusion
     from schemas.eval import GoldSet
 
     gs = load_goldset(REPO / "examples" / "goldset.jsonl")

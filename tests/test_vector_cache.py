@@ -22,8 +22,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from corpusync import db
-from corpusync.errors import EvalGateFailed
+from corpusync.core.errors import EvalGateFailed
+from corpusync.store import db
 from tests.conftest import REPO, SAMPLE, _db_url
 from tests.faults import scramble_parses
 from tests.test_refresh_flow import live, run
@@ -107,7 +107,7 @@ def test_killed_while_embedding_next_run_embeds_only_the_rest(  # type: ignore[n
     small = settings.model_copy(update={"embed_batch_tokens": BATCH_TOKENS})
 
     dying = CountingEmbedder(embedder, die_after=math.ceil(0.9 * total))
-    monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: dying)
+    monkeypatch.setattr("corpusync.app.runtime.build_embedder", lambda s: dying)
     with pytest.raises(SimulatedKill):
         run(small, corpus)
     kept = cached(conn)
@@ -116,7 +116,7 @@ def test_killed_while_embedding_next_run_embeds_only_the_rest(  # type: ignore[n
     assert conn.execute("SELECT count(*) FROM corpusync.chunks").fetchone() == (0,)  # nothing loaded
 
     counting = CountingEmbedder(embedder)
-    monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: counting)
+    monkeypatch.setattr("corpusync.app.runtime.build_embedder", lambda s: counting)
     after = run(small, corpus)
     assert after["published"]
     assert after["chunks"]["embedded"] == counting.embedded == total - kept
@@ -166,7 +166,7 @@ def test_sigkill_while_embedding_next_run_embeds_only_the_rest(  # type: ignore[
     assert conn.execute("SELECT status FROM corpusync.runs ORDER BY id DESC LIMIT 1").fetchone() == ("running",)
 
     counting = CountingEmbedder(embedder)
-    monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: counting)
+    monkeypatch.setattr("corpusync.app.runtime.build_embedder", lambda s: counting)
     after = run(settings, corpus)
     assert after["published"] and "recovered from an interrupted run" in after["message"]
     assert after["chunks"]["embedded"] == counting.embedded == total - kept
@@ -239,7 +239,7 @@ def test_prune_bounds_the_cache(prefect_harness, settings, corpus: Path, conn, e
     from corpusync.store.generations import prune
 
     small = settings.model_copy(update={"embed_batch_tokens": BATCH_TOKENS})
-    monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: CountingEmbedder(embedder, die_after=10))
+    monkeypatch.setattr("corpusync.app.runtime.build_embedder", lambda s: CountingEmbedder(embedder, die_after=10))
     with pytest.raises(SimulatedKill):
         run(small, corpus)
     kept = cached(conn)
@@ -251,14 +251,14 @@ def test_prune_bounds_the_cache(prefect_harness, settings, corpus: Path, conn, e
     assert cached(conn) == kept - 4
     assert prune(conn, 1, vector_cache_ttl_h=1000.0)["cached_vectors"] == 0
 
-    monkeypatch.setattr("corpusync.runtime.build_embedder", lambda s: embedder)
+    monkeypatch.setattr("corpusync.app.runtime.build_embedder", lambda s: embedder)
     done = run(small, corpus)
     assert done["published"] and done["chunks"]["reused"] >= kept - 4
     assert cached(conn) == 0, "the refresh's prune drops rows the published chunks hold"
 
 
 def test_readers_cannot_read_the_cache(conn: psycopg.Connection, db_url: str) -> None:
-    from corpusync import roles
+    from corpusync.app import roles
 
     name, password = f"reader_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from corpusync import db
+from corpusync.store import db
 from schemas.eval import ChunkRef, Evaluation
 
 

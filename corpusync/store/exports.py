@@ -1,4 +1,4 @@
-"""Bulk reads for exports (corpusync.analytics): a generation's chunks streamed through a server-side cursor."""
+"""Bulk reads for exports (corpusync.app.analytics): a generation's chunks streamed through a server-side cursor."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from corpusync import db
+from corpusync.store import db
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from corpusync import db
+from corpusync.store import db
 
 
 def latest_fusion(conn: psycopg.Connection, model_id: int, generation: int) -> dict[str, Any] | None:

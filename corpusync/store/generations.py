@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from corpusync import db
-from corpusync.errors import CorpusyncError, RollbackError
+from corpusync.core.errors import CorpusyncError, RollbackError
+from corpusync.store import db
 from corpusync.store.vector_cache import prune_vector_cache
 from schemas.settings import Settings
 

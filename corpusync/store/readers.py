@@ -1,5 +1,5 @@
 """Reader roles' SQL: login roles in the NOLOGIN group corpusync_reader (migration 0004) and their access
-groups (rows of corpusync.access_groups). corpusync.roles checks names and is what the CLI calls.
+groups (rows of corpusync.access_groups). corpusync.app.roles checks names and is what the CLI calls.
 
 Names go into SQL only as psycopg.sql.Identifier. A password never reaches the server nor any log in clear:
 libpq turns it into a SCRAM-SHA-256 verifier on this side (as psql's \\password does) and only the verifier
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from corpusync import db
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
+from corpusync.store import db
 
 READER_GROUP = "corpusync_reader"
 

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from corpusync import db
+from corpusync.store import db
 
 
 def search_rows(conn: psycopg.Connection, params: Mapping[str, Any], ef_search: int) -> list[dict[str, Any]]:

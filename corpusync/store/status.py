@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from corpusync import db
+from corpusync.store import db
 
 
 def server_versions(conn: psycopg.Connection) -> tuple[str | None, str | None]:

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import psycopg
 
-from corpusync import db, pgcopy
-from corpusync.vectors import SparseRows, VectorTable
+from corpusync.core import pgcopy
+from corpusync.core.vectors import SparseRows, VectorTable
+from corpusync.store import db
 
 
 def stored_vectors(conn: psycopg.Connection, model_id: int, hashes: Iterable[str], *, dimension: int,

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from corpusync import db, pgcopy
+from corpusync.core import pgcopy
+from corpusync.store import db
 from schemas.records import EmbeddedDocument, LiveVersion, QuarantineRecord
 from tasks.diff import QuarantineState, counts_as_attempt
 from tasks.discover import access_of
 from tasks.load import batch_terms, chunk_fields, lexical_tokens, posting_fields
 
 if TYPE_CHECKING:
-    from corpusync.embedders import ModelIdentity
+    from corpusync.adapters.embedders import ModelIdentity
 
 
 def find_model(conn: psycopg.Connection, identity_hash: str) -> int | None:

@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 
-from corpusync.lexical import CJK
+from corpusync.core.lexical import CJK
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
 PARSE_LOGIC_VERSION = "7"
-
-
-@dataclass(frozen=True)
-class ParseOptions:
-    """What parsing needs from the settings (picklable: it travels to the isolated parse worker)."""
-
-    max_bytes: int = 200 * 1024 * 1024
-    ocr_engine: str = "rapidocr"
-    ocr_model_dir: str | None = None
-    ocr_dpi: int = 200
-    ocr_min_confidence: float = 0.80
-    ocr_max_pages: int = 200
-    pdf_tables: bool = False
-    max_chars: int = 20_000_000  # most characters of text a document may yield (CORPUSYNC_PARSE_MAX_CHARS)
-    markdown_parser: str = "direct"  # "direct" (markdown-it-py) or "unstructured" (CORPUSYNC_MARKDOWN_PARSER)
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from corpusync.errors import ParseError
+from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 
 # Hostile-input bounds. Pixels: PIL's own decompression-bomb threshold (~0.25 GiB as RGB), for images and for

@@ -15,9 +15,9 @@ from functools import cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 
-from corpusync.lexical import CJK
-from schemas.records import Block, ParsedDocument, SourceFile
-from tasks.parsing.common import ParseOptions, _version, clean_text, rows_to_markdown
+from corpusync.core.lexical import CJK
+from schemas.records import Block, ParsedDocument, ParseOptions, SourceFile
+from tasks.parsing.common import _version, clean_text, rows_to_markdown
 from tasks.parsing.limits import too_long
 from tasks.parsing.markup import _DATA_URI, _MD_DELIMITER, _parse_markup, html_table_to_markdown
 from tasks.parsing.text import decode_text

@@ -8,7 +8,7 @@ import re
 from functools import cache
 from typing import Any
 
-from corpusync.errors import ParseError
+from corpusync.core.errors import ParseError
 from schemas.records import Block, ParsedDocument, SourceFile
 from tasks.parsing.common import _version, clean_text, rows_to_markdown
 from tasks.parsing.text import decode_text

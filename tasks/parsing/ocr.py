@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corpusync.errors import ConfigError, OcrError, ParseError
-from schemas.records import Block, ParsedDocument, SourceFile
-from tasks.parsing.common import ParseOptions, clean_text
+from corpusync.core.errors import ConfigError, OcrError, ParseError
+from schemas.records import Block, ParsedDocument, ParseOptions, SourceFile
+from tasks.parsing.common import clean_text
 from tasks.parsing.layout import MARGIN_BAND, PageBlock
 from tasks.parsing.limits import MAX_PIXELS
 
 if TYPE_CHECKING:
-    from corpusync.ocr import OcrEngine
+    from corpusync.adapters.ocr import OcrEngine
 
 
 def _render(page: object, dpi: int) -> object:
@@ -23,7 +23,7 @@ def _render(page: object, dpi: int) -> object:
 
 
 def _ocr_engine(options: ParseOptions) -> OcrEngine | None:
-    from corpusync.ocr import build_ocr_engine
+    from corpusync.adapters.ocr import build_ocr_engine
 
     return build_ocr_engine(options.ocr_engine, options.ocr_model_dir)
 
@@ -31,7 +31,7 @@ def _ocr_engine(options: ParseOptions) -> OcrEngine | None:
 def _ocr_paragraphs(image: object, page_no: int | None, options: ParseOptions, reason: str,
                     record: list[dict]) -> list[PageBlock]:
     """OCR one page image: its paragraphs, margin-band ones with their position (see PageBlock)."""
-    from corpusync.ocr import fit_to_engine, paragraphs_with_extent, recognise_page
+    from corpusync.adapters.ocr import fit_to_engine, paragraphs_with_extent, recognise_page
 
     engine = _ocr_engine(options)
     assert engine is not None

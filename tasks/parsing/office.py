@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corpusync.errors import ParseError
-from schemas.records import ParsedDocument, SourceFile
-from tasks.parsing.common import ParseOptions, _version
+from corpusync.core.errors import ParseError
+from schemas.records import ParsedDocument, ParseOptions, SourceFile
+from tasks.parsing.common import _version
 from tasks.parsing.limits import check_container
 from tasks.parsing.markup import _blocks_from_elements, _unstructured_ready
 

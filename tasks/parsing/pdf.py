@@ -8,10 +8,10 @@ import re
 from collections import Counter
 from typing import Any
 
-from corpusync.errors import ConfigError, OcrError, ParseError
-from schemas.records import Block, BlockKind, ParsedDocument, SourceFile
+from corpusync.core.errors import ConfigError, OcrError, ParseError
+from schemas.records import Block, BlockKind, ParsedDocument, ParseOptions, SourceFile
 from tasks.parsing import ocr
-from tasks.parsing.common import ParseOptions, _version, clean_text
+from tasks.parsing.common import _version, clean_text
 from tasks.parsing.layout import MARGIN_BAND, PageBlock, heading_levels, looks_like_heading, strip_running_lines
 from tasks.parsing.limits import _render_dpi, too_long
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from corpusync.errors import ParseError
+from corpusync.core.errors import ParseError
 from schemas.records import Block, ParsedDocument, SourceFile
 from tasks.parsing.common import PARSE_LOGIC_VERSION, clean_text, rows_to_markdown
 from tasks.parsing.limits import too_long

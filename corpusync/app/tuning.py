@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from corpusync.evaluating import gold_chunks
+from corpusync.app.evaluating import gold_chunks
 from corpusync.store import fusions
 from schemas.eval import GoldSet
 from schemas.settings import Settings

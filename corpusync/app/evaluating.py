@@ -1,6 +1,6 @@
 """Evaluate a generation with the database: read its chunks of the gold documents, score it (tasks/evaluate.py),
 gate it against a baseline, store the evaluation and write the reports. The refresh's evaluate step
-(corpusync.pipeline), `corpusync eval` and the evaluate flow call `evaluate_and_gate`.
+(corpusync.app.pipeline), `corpusync eval` and the evaluate flow call `evaluate_and_gate`.
 
 Baseline: a stored evaluation of the same question set (tasks.evaluate.choose_baseline); when the baseline
 generation has none, it is evaluated now, and the report and summary say so and why. Reports are written
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from corpusync.errors import ModelMismatch
+from corpusync.core.errors import ModelMismatch
 from corpusync.store import evaluations, generations
 from schemas.eval import Evaluation, GateOutcome, GoldSet
 from schemas.settings import Settings

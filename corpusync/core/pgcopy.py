@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusync.vectors import SparseRows, concat_ranges
+from corpusync.core.vectors import SparseRows, concat_ranges
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 TRAILER = b"\xff\xff"

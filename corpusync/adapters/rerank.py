@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 from schemas.settings import Settings
 
 

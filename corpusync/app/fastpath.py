@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corpusync import build, pipeline
-from corpusync.embedders import Embedder, build_embedder
-from corpusync.runtime import open_database, writer_session
+from corpusync.adapters.embedders import Embedder, build_embedder
+from corpusync.app import build, pipeline
+from corpusync.app.runtime import open_database, writer_session
 from corpusync.store import generations, versions
 from schemas.settings import Settings
 from tasks import discover as discover_stage

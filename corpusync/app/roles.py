@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from corpusync.errors import ConfigError, MigrationError
+from corpusync.core.errors import ConfigError, MigrationError
 from corpusync.store import readers
 from corpusync.store.readers import READER_GROUP
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import psycopg
 
-from corpusync import __version__, db
-from corpusync.embedders import FlagEmbedder, build_embedder
-from corpusync.errors import EvalGateFailed, MassDeleteRefused, ModelMismatch, WriterBusy
+from corpusync import __version__
+from corpusync.adapters.embedders import FlagEmbedder, build_embedder
+from corpusync.core.errors import EvalGateFailed, MassDeleteRefused, ModelMismatch, WriterBusy
 from corpusync.store import generations, runs
+from corpusync.store.db import open_database
 from schemas.records import RunSummary
 from schemas.settings import Settings, config_hash
 
@@ -32,7 +33,7 @@ log = logging.getLogger("corpusync.refresh")
 @cache
 def code_version() -> str:
     """Package version plus the git commit when running from a checkout."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
@@ -84,16 +85,6 @@ def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         yield
     finally:
         timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
-
-
-def open_database(settings: Settings, *, migrate: bool = True) -> psycopg.Connection:
-    """Connect (starting the embedded server if needed) and bring the schema up to date."""
-    location = db.resolve_database(settings)
-    # autocommit: every `with conn.transaction()` block is then a real transaction (one per publish).
-    conn = db.connect(location.url, autocommit=True)
-    if migrate:
-        db.migrate(conn)
-    return conn
 
 
 def acquire_writer_lock(conn: psycopg.Connection, timeout_s: float) -> None:

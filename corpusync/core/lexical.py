@@ -18,7 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
-from corpusync.errors import ConfigError
+from corpusync.core.errors import ConfigError
 
 TOKENIZER_VERSION = "3"
 MAX_TOKEN_CHARS = 64
@@ -416,7 +416,7 @@ def _cached_analyzer(lex: Path | None, _lex_sha: str, syn: Path | None, _syn_sha
 def _warm(analyzer: Analyzer, parent: int) -> None:
     """Pool initializer: gone within a fraction of a second of a SIGKILLed refresh; unpickling built the
     worker's jieba; one call loads the HMM model too."""
-    from corpusync.lifetime import watch_parent
+    from corpusync.core.lifetime import watch_parent
 
     watch_parent(parent)
     analyzer.tokens("预热")

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from corpusync.errors import ConfigError
-from corpusync.fast_tokenizer import FastTokenizer
-from corpusync.vectors import SparseRows
+from corpusync.core.errors import ConfigError
+from corpusync.core.fast_tokenizer import FastTokenizer
+from corpusync.core.vectors import SparseRows
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -85,7 +85,7 @@ class Tokenizer(Protocol):
 
 
 class ModelProcess(Protocol):
-    """The model in a process of its own (corpusync/model_host.py). A call raises BrokenProcessPool when
+    """The model in a process of its own (corpusync/adapters/model_host.py). A call raises BrokenProcessPool when
     that process died."""
 
     def load(self) -> None: ...
@@ -185,7 +185,7 @@ class FlagEmbedder:
             int(cfg.get("max_position_embeddings", 514)) - 2 if kind == "bge-m3" else 512
         )
         self.max_tokens = min(max_tokens or model_max, model_max)
-        # what a model process needs to build this same embedder (corpusync/model_host.py)
+        # what a model process needs to build this same embedder (corpusync/adapters/model_host.py)
         self._spec = dict(model_dir=model_dir, name=name, kind=kind, pooling=pooling, device=device, fp16=fp16,
                           max_tokens=self.max_tokens, sparse_top_k=sparse_top_k, cache_dir=cache_dir)
         self._host: ModelProcess | None = None
@@ -322,7 +322,7 @@ class FlagEmbedder:
             return
         _ = self.model
 
-    # -- the model in a process of its own (corpusync/model_host.py) ------------------------------------
+    # -- the model in a process of its own (corpusync/adapters/model_host.py) ------------------------------------
     @property
     def spec(self) -> dict[str, Any]:
         """The arguments that build this same embedder (in a model process)."""
@@ -335,7 +335,7 @@ class FlagEmbedder:
         return self._host is None and "model" not in self.__dict__ and "forward" not in self.__dict__
 
     def attach_host(self, host: ModelProcess) -> None:
-        """Run the model in `host` from now on (corpusync.model_host.host_model starts one)."""
+        """Run the model in `host` from now on (corpusync.adapters.model_host.host_model starts one)."""
         self._host = host
 
     @property

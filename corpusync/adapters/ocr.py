@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from corpusync.errors import ConfigError, OcrError
-from corpusync.lexical import is_cjk
+from corpusync.core.errors import ConfigError, OcrError
+from corpusync.core.lexical import is_cjk
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A small refresh started from the CLI is short of interpreter time, not of cores:
 FlagEmbedding cost about 7 s of imports, which ran under one interpreter lock with Prefect's flow machinery,
 the parse feed and the chunker. In a process of its own the model imports and loads on the other core while
 the refresh finds its plan, parses and chunks, and the refresh process never imports torch at all (the
-chunker counts with corpusync.fast_tokenizer). A batch crosses as its texts and comes back as its vectors
+chunker counts with corpusync.core.fast_tokenizer). A batch crosses as its texts and comes back as its vectors
 (a few kB a chunk). The host builds the same FlagEmbedder from the same arguments, so vectors are the ones
 the refresh process would have computed.
 
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from corpusync.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries
-from corpusync.lifetime import watch_parent
+from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries
+from corpusync.core.lifetime import watch_parent
 
 log = logging.getLogger("corpusync.embed")
 

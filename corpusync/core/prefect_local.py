@@ -2,7 +2,7 @@
 
 Prefect would start a temporary API server per process; starting one costs seconds of imports and
 migrations, the largest share of a small refresh from the CLI. So the CLI shares one (`SharedAPI`): the
-first command spawns a small supervisor (`python -m corpusync.prefect_local`, stdlib only) that runs Prefect's
+first command spawns a small supervisor (`python -m corpusync.core.prefect_local`, stdlib only) that runs Prefect's
 uvicorn command and stops it `local_api_linger_s` seconds after the last command that used it went. Each
 command holds a lease (a file named by its pid) while it runs; a command killed with SIGKILL leaves a lease
 whose pid is gone, which the supervisor ignores, so nothing outlives its linger time. The state (port, pid)
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpusync.lifetime import die_with_parent, stop_process
+from corpusync.core.lifetime import die_with_parent, stop_process
 
 _LOG_NAME = "server.log"
 
@@ -277,7 +277,7 @@ class SharedAPI:
                 self.port = _free_port()
                 with open(self.folder / _LOG_NAME, "wb") as log:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", "corpusync.prefect_local", str(self.folder), str(self.port),
+                        [sys.executable, "-m", "corpusync.core.prefect_local", str(self.folder), str(self.port),
                          str(self.linger_s), _app_dir()], env=_server_env(), stdin=subprocess.DEVNULL, stdout=log,
                         stderr=subprocess.STDOUT, start_new_session=True)
                 _SPAWNED.append(proc)  # kept: reaped by the interpreter, no "still running" warning

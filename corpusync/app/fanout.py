@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from corpusync import lexical
-from corpusync.embedders import FlagEmbedder, build_embedder
-from corpusync.errors import ParseError
-from corpusync.runtime import open_database, timed
+from corpusync.adapters.embedders import FlagEmbedder, build_embedder
+from corpusync.app.runtime import open_database, timed
+from corpusync.core import lexical
+from corpusync.core.errors import ParseError
+from corpusync.core.vectors import VectorTable
 from corpusync.store import vector_cache
-from corpusync.vectors import VectorTable
 from schemas.records import ChunkedDocument, EmbeddedDocument, ParsedDocument, QuarantineRecord, SourceFile
 from schemas.settings import Settings
 from tasks import chunk as chunk_stage
@@ -161,8 +161,8 @@ def _here() -> str:
 
 def parse_batch(job: BatchJob) -> ChunkedBatch:
     """Parse and chunk one batch (the parse workers and the model's tokenizer; no model weights)."""
-    from corpusync.offline import apply_offline_defaults
-    from corpusync.pipeline import chunk_config
+    from corpusync.app.pipeline import chunk_config
+    from corpusync.core.offline import apply_offline_defaults
 
     apply_offline_defaults()
     s = job.settings
@@ -188,7 +188,7 @@ def parse_batch(job: BatchJob) -> ChunkedBatch:
 
 def embed_chunked(job: BatchJob, part: ChunkedBatch) -> BatchResult:
     """Embed a parsed batch (vectors kept in the vector cache as each model batch finishes)."""
-    from corpusync.offline import apply_offline_defaults
+    from corpusync.core.offline import apply_offline_defaults
 
     apply_offline_defaults()
     s = job.settings

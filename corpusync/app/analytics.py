@@ -2,7 +2,7 @@
 (so queries compose in Python), polars DataFrames, and Parquet exports of chunks and evaluation results.
 
     from sqlalchemy import select
-    from corpusync.analytics import documents_current, engine, live_chunks, search_text, to_polars
+    from corpusync.app.analytics import documents_current, engine, live_chunks, search_text, to_polars
 
     eng = engine(settings)
     h = search_text("付款 方式", 5)
@@ -11,7 +11,7 @@
     df = to_polars(stmt, eng)
 
 The objects mirror sql/views/*.sql (schema ``corpusync``); they are read-only descriptions, never created
-by SQLAlchemy (the views are owned by the migrations, corpusync.db.migrate).
+by SQLAlchemy (the views are owned by the migrations, corpusync.store.db.migrate).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def sqlalchemy_url(url: str) -> str:
 def engine(settings: Settings | None = None, **kwargs: Any) -> Engine:
     """A SQLAlchemy engine on this index's database (DATABASE_URL, else the embedded server, started on
     demand). Extra keyword arguments go to ``sqlalchemy.create_engine``."""
-    from corpusync import db
+    from corpusync.store import db
     from schemas.settings import Settings
 
     location = db.resolve_database(settings if settings is not None else Settings())
@@ -304,7 +304,7 @@ def export_parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from corpusync.errors import CorpusyncError
+    from corpusync.core.errors import CorpusyncError
     from corpusync.store import exports, generations
 
     if batch_size < 1:
