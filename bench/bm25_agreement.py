@@ -26,8 +26,8 @@ os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the benches measure the
 
 import numpy as np  # noqa: E402
 
-from corpusync.app.runtime import open_database  # noqa: E402
 from corpusync.core.lexical import Analyzer  # noqa: E402
+from corpusync.store.db import open_database  # noqa: E402
 from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from query.search import Searcher  # noqa: E402
 from schemas.settings import Settings  # noqa: E402

@@ -75,7 +75,7 @@ def main() -> None:
             t0 = time.perf_counter()
             summary = refresh(str(corpus), settings=settings)
             print(f"{strategy}: {summary['chunks']['inserted']} chunks, refresh {time.perf_counter() - t0:.0f} s")
-            from corpusync.app.runtime import open_database
+            from corpusync.store.db import open_database
 
             with open_database(settings) as conn:
                 outcome = evaluate_and_gate(settings, conn, Searcher(settings, conn), summary["generation"],

@@ -39,7 +39,6 @@ import numpy as np  # noqa: E402
 from pgvector import HalfVector, SparseVector  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from corpusync.app.runtime import open_database  # noqa: E402
 from corpusync.core import lexical, pgcopy  # noqa: E402
 from corpusync.core.vectors import (  # noqa: E402
     LexicalRows,
@@ -47,6 +46,7 @@ from corpusync.core.vectors import (  # noqa: E402
     embedding_batch,
 )
 from corpusync.store import db  # noqa: E402
+from corpusync.store.db import open_database  # noqa: E402
 from schemas.records import Chunk, ChunkedDocument, EmbeddedDocument  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from tasks.load import chunk_fields  # noqa: E402

@@ -32,8 +32,8 @@ from pgvector import HalfVector  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from corpusync.adapters.embedders import build_embedder  # noqa: E402
-from corpusync.app.runtime import open_database  # noqa: E402
 from corpusync.core.lexical import Analyzer  # noqa: E402
+from corpusync.store.db import open_database  # noqa: E402
 from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 

@@ -292,7 +292,7 @@ def eval_cmd(
     """Evaluate retrieval on gold sets (Recall@k, MRR, nDCG, search latency per mode, hybrid+rerank when a
     reranker is configured; RAGAS), one report per gold set. Exit 0 pass, 1 regression, 2 error."""
     from corpusync.app.evaluating import evaluate_and_gate
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
     from query.search import Searcher
 
     settings = _settings()
@@ -382,8 +382,8 @@ def tune(
 ) -> None:
     """Fit the hybrid fusion (channel weights, RRF k) on gold sets by k-fold cross-validation, print held-in
     and held-out gains, and store it with the index: query, the SQL functions and the gate then use it."""
-    from corpusync.app.runtime import open_database
     from corpusync.app.tuning import tune_fusion
+    from corpusync.store.db import open_database
     from evaluation.goldsets import load_goldset, sample_questions
     from query.search import Searcher
     from tasks.evaluate import require_goldsets
@@ -407,7 +407,7 @@ def tune(
 @app.command()
 def rollback() -> None:
     """Make the previous generation live again (instant; one UPDATE)."""
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
     from corpusync.store.generations import rollback as do_rollback
 
     with open_database(_settings()) as conn:
@@ -418,7 +418,8 @@ def rollback() -> None:
 @app.command()
 def prune() -> None:
     """Delete rows that fell out of the retention window (a refresh does this too)."""
-    from corpusync.app.runtime import acquire_writer_lock, open_database
+    from corpusync.app.runtime import acquire_writer_lock
+    from corpusync.store.db import open_database
     from corpusync.store.generations import prune as do_prune
 
     settings = _settings()
@@ -433,8 +434,8 @@ def prune() -> None:
 @db_app.command("status")
 def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
-    from corpusync.app.runtime import open_database
     from corpusync.store import db
+    from corpusync.store.db import open_database
     from corpusync.store.generations import index_state, recent_generations
     from corpusync.store.status import row_counts, server_versions
     from query.search import SERVABLE
@@ -542,7 +543,7 @@ def export_cmd(
 ) -> None:
     """Write the live chunks (or a generation's) with their lineage columns to Parquet, streamed in batches."""
     from corpusync.app.analytics import export_parquet
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     with open_database(_settings()) as conn:
         done = export_parquet(conn, path, generation=generation, vectors=vectors)
@@ -563,7 +564,7 @@ def db_grant_reader(
     """Create or update a read-only login role (member of corpusync_reader) for BI tools and analysts.
     Without --password/--password-stdin an existing role keeps its password (a terminal is prompted)."""
     from corpusync.app import roles
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     if password is not None and password_stdin:
         raise CorpusyncError("give --password or --password-stdin, not both")
@@ -583,7 +584,7 @@ def db_grant_reader(
 def db_revoke_reader(name: Annotated[str, typer.Argument(help="The reader role to drop.")]) -> None:
     """Drop a reader role made by grant-reader, and its access groups."""
     from corpusync.app import roles
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     with open_database(_settings()) as conn:
         dropped = roles.revoke_reader(conn, name)

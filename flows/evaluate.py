@@ -11,8 +11,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
-from corpusync.app.runtime import open_database
 from corpusync.core.errors import EvalGateFailed
+from corpusync.store.db import open_database
 from flows.base import flow_settings, settings_flow
 from schemas.params import Floors, Generation, GoldSets, Questions, Tolerances
 

@@ -10,7 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from corpusync.app.runtime import acquire_writer_lock, open_database
+from corpusync.app.runtime import acquire_writer_lock
+from corpusync.store.db import open_database
 from flows.base import flow_settings, settings_flow
 from schemas.params import LockTimeout
 

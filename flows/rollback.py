@@ -5,7 +5,7 @@ Makes the previous retained generation live again (one UPDATE); settings as in f
 
 from __future__ import annotations
 
-from corpusync.app.runtime import open_database
+from corpusync.store.db import open_database
 from flows.base import flow_settings, settings_flow
 
 

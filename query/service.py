@@ -1,7 +1,7 @@
 """The query service: hybrid search over HTTP for applications (`corpusync serve`).
 
 `create_app(settings)` returns a FastAPI app that, at startup, loads the embedding model once, migrates the
-schema (corpusync.app.runtime.open_database) and keeps a small pool of connections, each with its own
+schema (corpusync.store.db.open_database) and keeps a small pool of connections, each with its own
 `query.search.Searcher`: the modes, filters, lexical query syntax (`-term`, `"phrase"`) and stored fusion are
 exactly the CLI's. Endpoints are plain (sync) functions, run by FastAPI in its threadpool; a request borrows
 one connection for its whole search, so no two threads ever share a connection or its Searcher.

@@ -94,7 +94,7 @@ def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def conn(settings):  # type: ignore[no-untyped-def]
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     c = open_database(settings)
     yield c

@@ -148,7 +148,7 @@ def test_postings_hold_the_analyzers_term_counts(sample, conn) -> None:  # type:
 
 
 def test_statistics_come_from_the_generation_queried(own_sample, embedder) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
     from corpusync.store.generations import prune
     from flows.refresh import refresh
 

@@ -203,12 +203,12 @@ def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-d
     assert (code, doc["status"], doc["exit_code"], doc["error"]) == (1, "refused", 1, "MassDeleteRefused")
     assert doc["run_id"] == 3 and doc["documents"]["deleted"] == 4 and "live documents" in doc["reason"]
 
-    import corpusync.app.runtime as runtime
+    import corpusync.store.db as database  # every command opens the database through it
 
     def lost(*a: Any, **k: Any) -> Any:  # fault injection: the database connection drops
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(runtime, "open_database", lost)
+    monkeypatch.setattr(database, "open_database", lost)
     code, doc = cli("db", "status", "--json")
     assert (code, doc["status"], doc["error"]) == (2, "error", "DatabaseError")
     assert doc["reason"].startswith("the database connection failed: server closed the connection")
@@ -216,7 +216,7 @@ def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-d
     def bug(*a: Any, **k: Any) -> Any:  # an unexpected error is never reported with the "refused" code
         raise KeyError("oops")
 
-    monkeypatch.setattr(runtime, "open_database", bug)
+    monkeypatch.setattr(database, "open_database", bug)
     code, doc = cli("query", "x", "--json")
     assert (code, doc["status"], doc["exit_code"], doc["error"]) == (4, "error", 4, "KeyError")
     assert "internal error" in doc["reason"]

@@ -53,7 +53,7 @@ def settings(shared_index: Any) -> Any:
 @pytest.fixture
 def empty_conn(db_url: str, tmp_path: Path) -> Iterator[Any]:
     """A connection to an empty index of its own (for a test that writes rows directly)."""
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     with open_database(make_settings(tmp_path / "home", db_url)) as c:
         yield c
@@ -137,7 +137,7 @@ def test_filters_metadata_type_chunk_type_and_dates(indexed, conn, embedder) -> 
 
 
 def test_results_only_from_the_requested_generation(own_index, embedder, corpus: Path) -> None:  # type: ignore[no-untyped-def]
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
     from flows.refresh import refresh
 
     (corpus / "zh/DEV_1.txt").write_text("全新的文档内容：量子计算机的纠错码。", encoding="utf-8")

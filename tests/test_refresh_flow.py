@@ -11,8 +11,9 @@ import psycopg
 import pymupdf
 import pytest
 
-from corpusync.app.runtime import acquire_writer_lock, open_database
+from corpusync.app.runtime import acquire_writer_lock
 from corpusync.core.errors import MassDeleteRefused, ModelMismatch, RollbackError, WriterBusy
+from corpusync.store.db import open_database
 from corpusync.store.generations import rollback
 from query.search import search
 

@@ -211,7 +211,7 @@ def tcp_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def test_embedded_listens_on_loopback_with_passwords(tcp_home: Any) -> None:
-    from corpusync.app.runtime import open_database
+    from corpusync.store.db import open_database
 
     listen = db.parse_listen(tcp_home.embedded_listen)
     loc = db.resolve_database(tcp_home)

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 import psycopg
 
 from corpusync.adapters.embedders import FlagEmbedder, build_embedder
-from corpusync.app.runtime import open_database, timed
+from corpusync.app.runtime import timed
 from corpusync.core import lexical
 from corpusync.core.errors import ParseError
 from corpusync.core.vectors import VectorTable
 from corpusync.store import vector_cache
+from corpusync.store.db import open_database
 from schemas.records import ChunkedDocument, EmbeddedDocument, ParsedDocument, QuarantineRecord, SourceFile
 from schemas.settings import Settings
 from tasks import chunk as chunk_stage

@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 from corpusync.adapters.embedders import Embedder, build_embedder
 from corpusync.app import build, pipeline
-from corpusync.app.runtime import open_database, writer_session
+from corpusync.app.runtime import writer_session
 from corpusync.store import generations, versions
+from corpusync.store.db import open_database
 from schemas.settings import Settings
 from tasks import discover as discover_stage
 from tasks.diff import RetryPolicy, diff
