@@ -110,15 +110,15 @@ def refresh(
         # API server is found, or started on another core (great_expectations loads later, in the validation
         # worker, once the flow has a plan: earlier it would slow the server's start).
         embedder = build_embedder(settings)
-        pipeline.warm_up(embedder, validate=False,
-                         host=settings.model_process and settings.task_runner != "dask")  # Dask workers embed
-        api = prefect_local.launch(settings.local_api_linger_s)
-        from flows.refresh import refresh as refresh_flow
+        try:  # from here on the model process is stopped however the command ends
+            pipeline.warm_up(embedder, validate=False,
+                             host=settings.model_process and settings.task_runner != "dask")  # Dask workers embed
+            api = prefect_local.launch(settings.local_api_linger_s)
+            from flows.refresh import refresh as refresh_flow
 
-        _quiet_expected_failures()
-        bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
-        handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
-        try:
+            _quiet_expected_failures()
+            bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
+            handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
             with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
                 summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
                                        skip_gate=skip_gate, settings=settings)

@@ -8,6 +8,7 @@ and retries; a batch of one that still fails is an error (no chunk is ever skipp
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,13 +45,10 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _free_cuda_cache() -> None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+    """Hand cached CUDA memory back, where this process runs a model (a model process clears its own)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def token_budget_batches(lengths: Sequence[int], budget: int, max_batch: int = 1024) -> list[list[int]]:

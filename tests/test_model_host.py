@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +137,52 @@ def test_a_cli_refresh_never_imports_torch_in_its_own_process(settings, corpus: 
     summary, after = json.loads(summary_text), json.loads(last)
     assert summary["status"] == "published" and summary["chunks"]["embedded"] > 0
     assert after == {"rc": 0, "torch": False, "transformers": False}, proc.stderr[-3000:]
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_closing_stops_hosts_at_once_replicas_included_and_a_dead_host_is_not_an_error(embedder) -> None:  # type: ignore[no-untyped-def]
+    """close() does not wait for what the host was doing (this process joins the pool's thread before it
+    exits); an embedder's replicas for other devices are closed with it; a host that died before the weights
+    were asked for leaves the load to this process instead of failing the refresh."""
+    import threading
+
+    busy = model_host.ModelHost(embedder.spec)  # still importing torch
+    (pid,) = busy.pool._processes  # type: ignore[attr-defined]
+    busy.close()
+    assert _gone(pid, 5.0)
+    manager = [t for t in threading.enumerate() if "ExecutorManagerThread" in type(t).__name__]
+    for t in manager:
+        t.join(timeout=5.0)
+    assert not any(t.is_alive() for t in manager)
+
+    multi = FlagEmbedder(**{**embedder.spec, "device": "cpu,cpu"})
+    assert model_host.host_model(multi)
+    workers = multi.workers()
+    assert len(workers) == 2 and all(w.hosted for w in workers)
+    pids = [_host_pid(w) for w in workers]
+    assert len(set(pids)) == 2
+    multi.close_host()
+    assert not any(w.hosted for w in workers) and all(_gone(p, 5.0) for p in pids)
+
+    lost = FlagEmbedder(**embedder.spec)
+    assert model_host.host_model(lost)
+    host = lost._host
+    assert isinstance(host, model_host.ModelHost)
+    os.kill(_host_pid(lost), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not host.pool._broken and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.05)  # the pool's thread notices the death
+    lost.load_model()  # the pool is broken now: no error, the model loads here at first use
+    assert not lost.hosted and "model" not in lost.__dict__

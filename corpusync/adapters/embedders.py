@@ -318,8 +318,12 @@ class FlagEmbedder:
         """Load the weights now (a warm-up thread, ahead of the first embed; once per embedder); in the model
         process when there is one (this returns at once then)."""
         if self._host is not None:
-            self._host.load()
-            return
+            try:
+                self._host.load()
+                return
+            except BrokenProcessPool as exc:  # it died before the load was asked: this process loads at first use
+                self._lost_host(exc)
+                return
         _ = self.model
 
     # -- the model in a process of its own (corpusync/adapters/model_host.py) ------------------------------------
@@ -343,10 +347,13 @@ class FlagEmbedder:
         return self._host is not None
 
     def close_host(self) -> None:
-        """Stop the model process (the next embed loads the model in this process)."""
+        """Stop the model process, and those of the replicas for other devices (the next embed loads the model
+        in this process)."""
         host, self._host = self._host, None
         if host is not None:
             host.close()
+        for replica in self.__dict__.get("_workers", [])[1:]:
+            replica.close_host()
 
     def _lost_host(self, exc: BaseException) -> None:
         log.warning("the model process failed (%s: %s); the model runs in this process from now on",
@@ -379,9 +386,10 @@ class FlagEmbedder:
     def forward(self, prepared: Any) -> EmbeddingOutput:
         if isinstance(prepared, list):  # texts, for the model process
             if self._host is not None:
-                self.calls += 1
                 try:
-                    return self._host.embed(prepared)
+                    out = self._host.embed(prepared)
+                    self.calls += 1
+                    return out
                 except BrokenProcessPool as exc:
                     self._lost_host(exc)
             prepared = self.prepare(prepared)

@@ -229,6 +229,7 @@ def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]
     load. Returns the documents to load and the batch's outcome (None when the suite is off)."""
     if not embedded or not ctx.settings.validate_chunks:
         return embedded, None
+    validate_worker.start()  # started by now, except in a mapped build whose model runs in a process of its own
     identity = ctx.embedder.identity
     with ctx.timed("validate"):
         outcome = validate_chunks(embedded, Thresholds(
