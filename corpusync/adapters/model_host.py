@@ -16,7 +16,6 @@ embedder goes back to running the model in the refresh process and says why. Err
 from __future__ import annotations
 
 import atexit
-import logging
 import multiprocessing as mp
 import os
 import threading
@@ -26,8 +25,6 @@ from typing import Any
 
 from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries
 from corpusync.core.lifetime import watch_parent
-
-log = logging.getLogger("corpusync.embed")
 
 _hosts: set[ModelHost] = set()
 _hosts_lock = threading.Lock()
