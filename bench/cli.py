@@ -4,7 +4,9 @@ Indexes the sample corpus into a temporary home, then times (median of N runs) a
 dense and a hybrid query, a small change (one file edited) and, on a corpus of 100 files or more, a 1% change as
 the peer benchmark makes it (1% of the files get a sentence appended, 1% are deleted, 1% are added with new text),
 both with the local Prefect API server the commands share (started by the first build) and, as "own API", with
-CORPUSYNC_LOCAL_API_LINGER_S=0 (each command starts and stops its own, as before the shared server).
+CORPUSYNC_LOCAL_API_LINGER_S=0 (each command starts and stops its own, as before the shared server); and, as
+"own model", with CORPUSYNC_MODEL_LINGER_S=0 (each command loads the model, as a nightly refresh that finds no
+shared model server does; code without the shared server ignores the variable).
 With --baseline REF the same is measured, in
 the same run, for the code at git REF (a temporary worktree, same virtualenv, its own home), and the ratios
 current / baseline are printed.
@@ -38,6 +40,7 @@ QUERIES = {"lexical": "合同编号 HT2023-0876 的付款方式", "dense": "Whic
 
 
 def _cli(code: Path, home: Path, *args: str, **extra_env: str) -> float:
+    """Wall seconds of one CLI command in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"), **extra_env)
     env.pop("PREFECT_API_URL", None)
@@ -90,25 +93,37 @@ def measure(code: Path, corpus: Path, runs: int, work: Path, only: str, markdown
     out: dict[str, float] = {"first build": _cli(code, home, "refresh", str(src), "-q")}
     times: dict[str, list[float]] = {"no-op refresh": [], "one file edited": []}
     if only != "refresh":
-        times |= {f"{mode} query": [] for mode in QUERIES}
+        times |= {f"{mode} query": [] for mode in QUERIES} | {"dense query, own model": []}
+    times["one file edited, own model"] = []
     big = sum(1 for p in src.rglob("*.md") if p.name != "SOURCE.md") >= 100
     if big:
         times["1% change"] = []
         times["1% change, own API"] = []  # no shared local API server: each command starts its own
+        times["1% change, own model"] = []  # no shared model server: each command loads the model
     edited = sorted(p for p in src.rglob("*.md") if p.name != "SOURCE.md")[0]  # SOURCE.md is not indexed
     for i in range(runs):
         times["no-op refresh"].append(_cli(code, home, "refresh", str(src), "-q"))
         if only != "refresh":
             for mode, text in QUERIES.items():
                 times[f"{mode} query"].append(_cli(code, home, "query", text, "--mode", mode, "-k", "5", "--json"))
+            times["dense query, own model"].append(_cli(code, home, "query", QUERIES["dense"], "--mode", "dense",
+                                                        "-k", "5", "--json", CORPUSYNC_MODEL_LINGER_S="0"))
         edited.write_text(edited.read_text(encoding="utf-8") + f"\n\nEdit {i}.\n", encoding="utf-8")
         times["one file edited"].append(_cli(code, home, "refresh", str(src), "-q"))
+        edited.write_text(edited.read_text(encoding="utf-8") + f"\n\nEdit {i} again.\n", encoding="utf-8")
+        times["one file edited, own model"].append(_cli(code, home, "refresh", str(src), "-q",
+                                                        CORPUSYNC_MODEL_LINGER_S="0"))
         if big:
             change_one_percent(src, i)
             times["1% change"].append(_cli(code, home, "refresh", str(src), "-q"))
             change_one_percent(src, runs + i)
             times["1% change, own API"].append(_cli(code, home, "refresh", str(src), "-q",
                                                     CORPUSYNC_LOCAL_API_LINGER_S="0"))
+            change_one_percent(src, 2 * runs + i)
+            times["1% change, own model"].append(_cli(code, home, "refresh", str(src), "-q",
+                                                      CORPUSYNC_MODEL_LINGER_S="0"))
+    if (code / "corpusync" / "adapters" / "model_server.py").exists():
+        _cli(code, home, "model", "stop")
     _cli(code, home, "db", "stop")
     for k, v in times.items():
         print(f"{code.name:>14} {k}: " + " ".join(f"{t:.2f}" for t in v), file=sys.stderr)

@@ -112,7 +112,11 @@ def refresh(
         embedder = build_embedder(settings)
         try:  # from here on the model process is stopped however the command ends
             pipeline.warm_up(embedder, validate=False,
-                             host=settings.model_process and settings.task_runner != "dask")  # Dask workers embed
+                             host=settings.model_process and settings.task_runner != "dask",  # Dask workers embed
+                             shared=(settings.home, settings.model_linger_s))
+            if settings.validate_chunks and getattr(embedder, "host_warm", False):
+                # a warm shared model (an earlier command loaded it): great_expectations is now the longest wait
+                pipeline.warm_up(embedder, validate=True)
             api = prefect_local.launch(settings.local_api_linger_s)
             from flows.refresh import refresh as refresh_flow
 
@@ -209,8 +213,14 @@ def query(
     from query.search import search
 
     parsed = _parse_filters(filters or [])
-    hits = search(_settings(), text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
-                  filters=parsed, rerank=rerank)
+    settings = _settings()
+    embedder = _query_embedder(settings) if mode != "lexical" else None
+    try:
+        hits = search(settings, text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
+                      filters=parsed, rerank=rerank, embedder=embedder)
+    finally:
+        if embedder is not None and hasattr(embedder, "close_host"):
+            embedder.close_host()
     if as_json:
         typer.echo(json.dumps([h.as_dict() for h in hits], ensure_ascii=False, indent=2))
         return
@@ -218,6 +228,18 @@ def query(
         typer.echo("no hits")
         return
     _print_hits(text, hits)
+
+
+def _query_embedder(settings: Any) -> Any:
+    """The query's embedder, its model in the home's shared model server when one may linger (a query from
+    the CLI then takes well under a second instead of the model's load), else loaded here."""
+    from corpusync.adapters.embedders import FlagEmbedder, build_embedder, skip_training_imports
+    from corpusync.adapters.model_server import share_model
+
+    embedder = build_embedder(settings)
+    if not (isinstance(embedder, FlagEmbedder) and share_model(embedder, settings.home, settings.model_linger_s)):
+        skip_training_imports()  # the model loads in this process, which only runs models
+    return embedder
 
 
 def _parse_filters(items: list[str]) -> dict[str, str]:
@@ -323,6 +345,35 @@ app.add_typer(goldset_app, name="goldset")
 api_app = typer.Typer(no_args_is_help=True, help="The local Prefect API server that refreshes report to when "
                       "PREFECT_API_URL is not set (shared by commands, stopped after CORPUSYNC_LOCAL_API_LINGER_S).")
 app.add_typer(api_app, name="api")
+
+
+model_app = typer.Typer(no_args_is_help=True, help="The embedding-model processes the CLI's refreshes and queries "
+                        "share (one per model and home, stopped after CORPUSYNC_MODEL_LINGER_S).")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("status")
+def model_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The home's shared model servers: pid, model and whether the model is loaded."""
+    from corpusync.adapters.model_server import server_status
+
+    servers = server_status(_settings().home)
+    if as_json:
+        typer.echo(json.dumps(servers, ensure_ascii=False))
+        return
+    if not servers:
+        typer.echo("not running")
+    for info in servers:
+        typer.echo(f"pid {info['pid']}: {info['name']} on {info['device']} ({info['model_dir']})")
+
+
+@model_app.command("stop")
+def model_stop() -> None:
+    """Stop the home's shared model servers now (the next refresh or query starts one)."""
+    from corpusync.adapters.model_server import stop_servers
+
+    stopped = stop_servers(_settings().home)
+    typer.echo(f"stopped {len(stopped)}" if stopped else "not running")
 
 
 @api_app.command("status")

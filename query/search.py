@@ -321,11 +321,12 @@ def _f(v: Any) -> float | None:
 
 def search(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
            conn: psycopg.Connection | None = None, filters: Mapping[str, Any] | None = None,
-           rerank: bool = False) -> Sequence[Hit]:
-    """One-shot search (opens and closes its own connection unless one is given)."""
+           rerank: bool = False, embedder: Embedder | None = None) -> Sequence[Hit]:
+    """One-shot search (opens and closes its own connection unless one is given; builds the query embedder
+    from `settings` when needed unless one is given)."""
     if conn is not None:
-        return Searcher(settings, conn).search(text, k, mode, generation, filters=filters, rerank=rerank)
+        return Searcher(settings, conn, embedder).search(text, k, mode, generation, filters=filters, rerank=rerank)
     from corpusync.store.db import open_database
 
     with open_database(settings) as c:
-        return Searcher(settings, c).search(text, k, mode, generation, filters=filters, rerank=rerank)
+        return Searcher(settings, c, embedder).search(text, k, mode, generation, filters=filters, rerank=rerank)

@@ -288,6 +288,14 @@ class Settings(BaseSettings):
         "refresh process's interpreter lock (seconds of a small refresh). false: the model runs in the refresh "
         "process. Flows run by a Prefect worker or from Python keep the model in their own process.",
     )
+    model_linger_s: float = Field(
+        600.0,
+        ge=0.0,
+        description="The CLI's refreshes and queries share one embedding-model process per model and home (Linux): "
+        "the first command starts it, later ones skip the seconds of imports and weight loading, and it exits "
+        "this many seconds after the last command that used it (`corpusync model stop` stops it at once; it "
+        "holds the model's memory, GPU memory included, until then). 0: each command loads the model itself.",
+    )
     local_api_linger_s: float = Field(
         600.0,
         ge=0.0,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,26 +142,18 @@ def merge_sidecar(doc: ParsedDocument, user: dict[str, Any]) -> None:
 
 _SCRIPTS = (("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"), ("ar", "\u0600", "\u06ff"),
             ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.core.lexical defines it
+_SCRIPT_RES = tuple((tag, re.compile(f"[{lo}-{hi}]")) for tag, lo, hi in _SCRIPTS)
 
 
 def detect_script(text: str) -> str:
     """A coarse language tag from the writing system ('zh', 'ja', 'ko', 'ar', 'ru', else 'latin'), for
-    filtering; kana beats Han (Japanese mixes both)."""
-    counts = {"zh": 0} | {tag: 0 for tag, _, _ in _SCRIPTS}
-    letters = 0
-    for ch in text[:20000]:
-        if ch.isalpha():
-            letters += 1
-            if HAN.match(ch):
-                counts["zh"] += 1
-                continue
-            for tag, lo, hi in _SCRIPTS:
-                if lo <= ch <= hi:
-                    counts[tag] += 1
-                    break
+    filtering; kana beats Han (Japanese mixes both). Counted by regular expressions over the first 20,000
+    characters (a loop over characters cost a text PDF a tenth of its parse)."""
+    letters = "".join(filter(str.isalpha, text[:20000]))
     if not letters:
         return "und"
-    if counts["ja"] > 0.05 * letters:
+    counts = {"zh": len(HAN.findall(letters))} | {tag: len(rx.findall(letters)) for tag, rx in _SCRIPT_RES}
+    if counts["ja"] > 0.05 * len(letters):
         return "ja"
     tag, n = max(counts.items(), key=lambda kv: kv[1])
-    return tag if n > 0.3 * letters else "latin"
+    return tag if n > 0.3 * len(letters) else "latin"

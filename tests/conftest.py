@@ -21,6 +21,8 @@ os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")
 # A CLI refresh in a test starts its own local Prefect API and stops it as it exits, instead of leaving one
 # for the next command (the production default); tests/test_local_api.py tests the shared server.
 os.environ.setdefault("CORPUSYNC_LOCAL_API_LINGER_S", "0")
+# Likewise its model: loaded by the command, not left in a shared server (tests/test_model_server.py tests that)
+os.environ.setdefault("CORPUSYNC_MODEL_LINGER_S", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"

@@ -80,6 +80,10 @@ def test_hosted_model_gives_the_same_vectors_and_survives_a_killed_host(  # type
         np.testing.assert_allclose(out.dense, ref.dense, atol=1e-5)
         assert hosted.calls == stats.batches > 1
         assert "model" not in hosted.__dict__ and "tokenizer" not in hosted.__dict__  # nothing loaded here
+        # the same vectors without scikit-learn (installed, training-only): none of its libraries mapped there
+        maps = Path(f"/proc/{_host_pid(hosted)}/maps")
+        if maps.exists():
+            assert "torch" in maps.read_text() and "sklearn" not in maps.read_text()
 
         os.kill(_host_pid(hosted), signal.SIGKILL)  # fault injection: the model process dies
         with caplog.at_level(logging.WARNING, logger="corpusync.embed"):

@@ -15,7 +15,7 @@ from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
 from tasks.diff import diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
-from tasks.parse import ParseOptions, clean_text, parse_document
+from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
 from tasks.publish import check_mass_delete
 
 
@@ -136,6 +136,19 @@ def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:
     assert parsed.page_count == 3
     assert [b.page for b in parsed.blocks] == [1, 2, 3]
     assert parsed.parser == "pymupdf"
+
+
+@pytest.mark.parametrize(("text", "tag"), [
+    ("第十二条 付款方式：买方应在收到发票后三十日内付款。", "zh"),
+    ("東京は日本の首都です。ひらがなとカタカナ", "ja"),  # kana beats Han
+    ("서울은 한국의 수도입니다", "ko"), ("مرحبا بالعالم", "ar"), ("Привет, мир", "ru"),
+    ("The buyer pays within 30 days. 合同", "latin"),
+    ("2024 — 12 ½ ² Ⅷ ___ ...", "und"),  # digits, numerals, punctuation: no letters
+    ("〇〇〇 abc", "latin"),  # 〇 is Han to the analyser but a numeral (not a letter) here
+    ("abc " * 6000 + "中文" * 9000, "latin"),  # only the first 20,000 characters count
+])
+def test_detect_script(text: str, tag: str) -> None:
+    assert detect_script(text) == tag
 
 
 def test_parse_gb18030_text(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import logging
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -38,6 +39,21 @@ def preload_libraries() -> None:
     with _IMPORTS:
         import FlagEmbedding  # noqa: F401
         from transformers import AutoTokenizer  # noqa: F401
+
+
+# Packages that transformers imports when they are installed, for training and generation helpers only
+# (sentence-transformers, a FlagEmbedding dependency, installs scikit-learn).
+TRAINING_ONLY = ("sklearn",)
+
+
+def skip_training_imports() -> None:
+    """Mark the training-only packages as absent in this process (transformers asks importlib.util.find_spec,
+    which answers None for a None entry in sys.modules): importing scikit-learn costs about 2.5 s of the ~8 s
+    that loading the model libraries takes on 2 cores. For a process that only runs the model (the model
+    process, a query from the CLI), never for a library caller's process."""
+    for name in TRAINING_ONLY:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,8 @@ class ModelProcess(Protocol):
     """The model in a process of its own (corpusync/adapters/model_host.py). A call raises BrokenProcessPool when
     that process died."""
 
+    @property
+    def warm(self) -> bool: ...  # its model libraries imported already (a shared server's, from an earlier command)
     def load(self) -> None: ...
     def devices(self) -> list[str]: ...
     def embed(self, texts: Sequence[str]) -> EmbeddingOutput: ...
@@ -345,6 +363,11 @@ class FlagEmbedder:
     @property
     def hosted(self) -> bool:
         return self._host is not None
+
+    @property
+    def host_warm(self) -> bool:
+        """Whether the model runs in a process that had its libraries loaded before this command started."""
+        return self._host is not None and self._host.warm
 
     def close_host(self) -> None:
         """Stop the model process, and those of the replicas for other devices (the next embed loads the model

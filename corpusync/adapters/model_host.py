@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries
+from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries, skip_training_imports
 from corpusync.core.lifetime import watch_parent
 
 _hosts: set[ModelHost] = set()
@@ -58,6 +58,11 @@ class ModelHost:
         """Load the weights now, in the host (returns at once)."""
         if self.loaded is None:
             self.loaded = self.pool.submit(_load)
+
+    @property
+    def warm(self) -> bool:
+        """A new process: it imports torch and the model libraries first."""
+        return False
 
     def devices(self) -> list[str]:
         """The devices the host's embedder would use (it imports torch to count GPUs: we do not)."""
@@ -105,6 +110,7 @@ def _init(parent: int, spec: dict[str, Any]) -> None:
     # leave without the interpreter's teardown of torch's modules (seconds, which the refresh would wait for
     # as it joins the pool): this runs once the pool has told the process to exit, after the last result
     atexit.register(os._exit, 0)
+    skip_training_imports()
     try:
         preload_libraries()
         _embedder = FlagEmbedder(**spec)
@@ -131,7 +137,12 @@ def _devices() -> list[str]:
 
 
 def _embed(texts: list[str]) -> EmbeddingOutput:
-    embedder = _ready()
+    return embed_in_host(_ready(), texts)
+
+
+def embed_in_host(embedder: FlagEmbedder, texts: list[str]) -> EmbeddingOutput:
+    """One batch in a model process (this one's, or the shared server's): an error of the model crosses
+    back as a RuntimeError naming its type."""
     try:
         return embedder.embed(texts)
     except Exception as exc:

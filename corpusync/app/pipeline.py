@@ -143,22 +143,30 @@ _warm_up: threading.Thread | None = None
 _want_model = threading.Event()
 
 
-def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bool = False) -> None:
+def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bool = False,
+            shared: tuple[Path, float] | None = None) -> None:
     """Pay first-use costs once per process, while other work runs: torch + FlagEmbedding and the tokenizer
     the chunker counts with in a background thread; with `model`, then the model's weights (a flow asks once
     its plan has documents to build: their new text needs them); with `validate`, great_expectations in the
     validation worker's own process. The CLI starts the thread as soon as it knows there is work (the worker
     later: it would compete with Prefect's API server for the other core). With `host` (a fresh process that
     refreshes once: the CLI) torch and the model go to a process of their own instead
-    (corpusync/adapters/model_host.py) and only the tokenizer loads here."""
+    (corpusync/adapters/model_host.py) and only the tokenizer loads here; with `shared` (home, linger in
+    seconds; the CLI's settings.model_linger_s) to the home's model server, which outlives the command
+    (corpusync/adapters/model_server.py)."""
     global _warm_up
     if host and isinstance(embedder, FlagEmbedder):
         from corpusync.adapters.model_host import host_model
+        from corpusync.adapters.model_server import share_model
 
-        host_model(embedder)
+        if not (shared and share_model(embedder, *shared)):
+            host_model(embedder)
     if isinstance(embedder, FlagEmbedder) and embedder.hosted:
         # the validation worker waits for the first batch to go to the model (build.step_embed): until then this
-        # process plans, parses and chunks on one core and the model process imports on the other
+        # process plans, parses and chunks on one core and the model process imports on the other; unless that
+        # process is a shared server that has imported already, when great_expectations is the longest wait
+        if validate and embedder.host_warm:
+            validate_worker.start()
         if model:
             embedder.load_model()  # in the model process: returns at once
         embedder.count_tokens(["warm-up"])  # tokenizer.json: milliseconds
