@@ -237,7 +237,8 @@ def _query_embedder(settings: Any) -> Any:
     from corpusync.adapters.model_server import share_model
 
     embedder = build_embedder(settings)
-    if not (isinstance(embedder, FlagEmbedder) and share_model(embedder, settings.home, settings.model_linger_s)):
+    if not (settings.model_process and isinstance(embedder, FlagEmbedder)
+            and share_model(embedder, settings.home, settings.model_linger_s)):
         skip_training_imports()  # the model loads in this process, which only runs models
     return embedder
 

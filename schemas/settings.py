@@ -294,7 +294,8 @@ class Settings(BaseSettings):
         description="The CLI's refreshes and queries share one embedding-model process per model and home (Linux): "
         "the first command starts it, later ones skip the seconds of imports and weight loading, and it exits "
         "this many seconds after the last command that used it (`corpusync model stop` stops it at once; it "
-        "holds the model's memory, GPU memory included, until then). 0: each command loads the model itself.",
+        "holds the model's memory, GPU memory included, until then). 0, or CORPUSYNC_MODEL_PROCESS=false: each "
+        "command loads the model itself.",
     )
     local_api_linger_s: float = Field(
         600.0,

@@ -9,12 +9,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +110,12 @@ def test_a_killed_server_falls_back_and_the_next_command_starts_another(  # type
                                    atol=1e-5)
     finally:
         again.close_host()
-        assert model_server.stop_servers(tmp_path) == [new_pid]
-    assert _gone_within(new_pid, 10.0)
+        stopped = model_server.stop_servers(tmp_path)
+    assert stopped == [new_pid] and _gone_within(new_pid, 10.0)
 
 
-def test_a_server_per_home_arguments_weights_and_code(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_per_home_arguments_weights_and_gpus(  # type: ignore[no-untyped-def]
+        embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, ident = embedder.spec, embedder.identity.identity_hash
     key = model_server.server_key(tmp_path, spec, ident)
     assert model_server.server_key(tmp_path, dict(spec), ident) == key
@@ -122,20 +123,56 @@ def test_a_server_per_home_arguments_weights_and_code(embedder, tmp_path: Path) 
     assert model_server.server_key(tmp_path, {**spec, "device": "cuda:1"}, ident) != key
     assert model_server.server_key(tmp_path, {**spec, "max_tokens": 64}, ident) != key
     assert model_server.server_key(tmp_path, spec, "0" * 64) != key  # other weights
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert model_server.server_key(tmp_path, spec, ident) != key  # other GPUs in sight
 
 
-def test_only_the_homes_key_connects(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_only_the_homes_key_connects_and_a_refused_command_runs_the_model_itself(  # type: ignore[no-untyped-def]
+        embedder, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     e = _shared(embedder, tmp_path, linger_s=60.0)
     try:
         host = e._host
         assert isinstance(host, model_server.SharedModel)
         pid = host.pid.result(timeout=60)
+        path = model_server.socket_path(host.state, host.key)
+        assert stat.S_ISSOCK(path.stat().st_mode) and path.parent.stat().st_uid == os.getuid()
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # the home's folder, or /tmp/corpusync-UID
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(path))
         with pytest.raises(AuthenticationError):
-            Client(model_server._address(host.key), family="AF_UNIX", authkey=b"not the home's key")
-        assert _alive(pid) and e.count_tokens(["still served"])
-        assert encode_texts(e, TEXTS[:2], token_budget=512).dense.shape[0] == 2
+            model_server._handshake(sock, b"not the home's key", server=False)
+        assert _alive(pid) and encode_texts(e, TEXTS[:2], token_budget=512).dense.shape[0] == 2  # still served
+
+        (host.state / "authkey").unlink()  # a new key (the folder was recreated): the old server refuses it
+        with caplog.at_level(logging.WARNING, logger="corpusync.embed"):
+            refused = _shared(embedder, tmp_path, linger_s=60.0)
+            try:
+                out = encode_texts(refused, TEXTS[:3], token_budget=512)
+                assert not refused.hosted and "model" in refused.__dict__  # ran here, and said why
+            finally:
+                refused.close_host()
+        np.testing.assert_allclose(out.dense, encode_texts(embedder, TEXTS[:3], token_budget=512).dense, atol=1e-5)
+        assert any("model process failed" in r.getMessage() for r in caplog.records)
     finally:
         e.close_host()
+        model_server.stop_servers(tmp_path)
+
+
+def test_commands_started_together_start_one_server_and_new_weights_replace_it(  # type: ignore[no-untyped-def]
+        embedder, tmp_path: Path) -> None:
+    old = [model_server.SharedModel(tmp_path, embedder.spec, "0" * 64, 60.0) for _ in range(3)]  # "old weights"
+    try:
+        (pid,) = {m.pid.result(timeout=60) for m in old}
+    finally:
+        for m in old:
+            m.close()
+    new = model_server.SharedModel(tmp_path, embedder.spec, embedder.identity.identity_hash, 60.0)
+    try:
+        new_pid = new.pid.result(timeout=60)
+        assert new_pid != pid and _gone_within(pid, 10.0)  # the old weights' server does not linger beside it
+        assert [s["pid"] for s in model_server.server_status(tmp_path)] == [new_pid]
+    finally:
+        new.close()
         model_server.stop_servers(tmp_path)
 
 
@@ -161,13 +198,15 @@ def test_cli_refresh_and_queries_reuse_the_server_and_model_stop_ends_it(  # typ
         _cli(env, "refresh", str(corpus), "-q")
         (started,) = servers()  # the refresh's model stays for the next command
         query = ("query", "Which team won Super Bowl 50?", "--mode", "dense", "-k", "3", "--json")
-        shared = [json.loads(_cli(env, *query).stdout) for _ in range(2)]
+        runs = [_cli(env, *query) for _ in range(2)]
+        assert not any("model process failed" in r.stderr for r in runs)  # served, not loaded by the command
+        shared = [json.loads(r.stdout) for r in runs]
         assert servers() == [started]  # both queries used it
         own = json.loads(_cli(env | {"CORPUSYNC_MODEL_LINGER_S": "0"}, *query).stdout)
         assert shared[0] == shared[1] and [(h["chunk_id"], round(h["score"], 5)) for h in shared[0]] == [
             (h["chunk_id"], round(h["score"], 5)) for h in own]
         assert servers() == [started]
     finally:
-        assert _cli(env, "model", "stop").stdout.strip() in {"stopped 1", "not running"}
-    assert servers() == []
+        stopped = _cli(env, "model", "stop").stdout.strip()
+    assert stopped == "stopped 1" and servers() == []
     assert _gone_within(started["pid"], 10.0)

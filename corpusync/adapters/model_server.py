@@ -3,37 +3,41 @@
 Each CLI command is a fresh process, and loading the model libraries and weights is most of a small command:
 about 7 s of CPU for torch, transformers and FlagEmbedding on 2 cores, against well under a second to embed a
 query or a 1% change. So the CLI's refreshes and queries share one model process per model and home: the first
-command starts it (`python -m corpusync.adapters.model_server`, in a session of its own so that it outlives
+command starts it (`python -m corpusync.adapters.model_serving`, in a session of its own so that it outlives
 the command), later ones connect to it, and it exits `model_linger_s` seconds after the last connection
 closed. A command killed with SIGKILL closes its connection with it (the kernel closes the socket), so
 nothing outlives its linger time. `corpusync model stop` stops it at once.
 
-The server is found by an abstract Unix socket (Linux; no file to go stale when it is killed) named by a hash
-of the home, the embedder's arguments, its model identity (the weights' sha256 among it) and this code's
-files: new weights or a new corpusync never talk to an old server. Connections authenticate with a key kept
-in <home>/model-server (mode 0600), so another user on the machine cannot use it. Requests and answers are
-pickled (multiprocessing.connection): a batch crosses as its texts and comes back as its vectors.
+A server serves one key: a hash of the home, the embedder's arguments, its model identity (the weights'
+sha256 among it), the visible GPUs and this code's files, so new weights or a new corpusync never talk to an
+old server (which is stopped when its successor starts). It listens on a Unix socket in <home>/model-server,
+a folder only its owner may enter; both ends check the other is the same user (SO_PEERCRED) and prove they
+hold the home's key (mode 0600) before anything is unpickled. A batch crosses as its texts and comes back as
+its vectors.
 
-The client is a `ModelProcess`, as the per-command model process is: a server that goes away raises
-BrokenProcessPool, and the embedder then runs the model in its own process and says why.
+The client is a `ModelProcess`, as the per-command model process is: a server that cannot be reached, goes
+away or could not build its embedder raises BrokenProcessPool, and the embedder then runs the model in its
+own process (where a real configuration error is then raised as itself) and says why.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
 import os
 import secrets
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,11 +45,14 @@ if TYPE_CHECKING:
     from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder
 
 STATE_DIR = "model-server"
-CONNECT_TIMEOUT_S = 30.0  # for a server just started to listen (it listens before it imports anything)
+START_TIMEOUT_S = 30.0  # for a server just started to listen (it listens before it imports anything)
+HANDSHAKE_TIMEOUT_S = 10.0  # a peer that connects and says nothing does not hold the other end
+_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
 
 def supported() -> bool:
-    """Abstract Unix sockets are Linux's; elsewhere each command has a model process of its own."""
+    """Unix sockets with SO_PEERCRED are Linux's; elsewhere each command has a model process of its own."""
     return sys.platform.startswith("linux")
 
 
@@ -60,46 +67,102 @@ def share_model(embedder: FlagEmbedder, home: Path, linger_s: float) -> bool:
 
 def server_key(home: Path, spec: dict[str, Any], identity_hash: str) -> str:
     """Which server may serve an embedder built from `spec` for `home`: same arguments, same weights (the
-    identity hash holds their sha256), same code."""
+    identity hash holds their sha256), same visible GPUs, same code."""
     code = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
                   for p in Path(__file__).parent.glob("*.py"))
     blob = json.dumps({"home": str(home.resolve()), "spec": {k: str(v) for k, v in spec.items()},
-                       "identity": identity_hash, "code": code, "python": sys.executable},
-                      sort_keys=True)
+                       "identity": identity_hash, "code": code, "python": sys.executable,
+                       "gpus": [os.environ.get(v) for v in _GPU_VARIABLES]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _address(key: str) -> str:
-    return f"\0corpusync-model-{key}"
+def _private_dir(path: Path) -> Path:
+    """`path` created mode 0700; refused unless this user owns it and nobody else may enter it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must belong to this user with mode 0700 (it holds the model server's key)")
+    return path
+
+
+def socket_path(state: Path, key: str) -> Path:
+    """The server's socket: in the home's private folder, or a private folder under the temporary directory
+    when that path would be too long for a Unix socket."""
+    path = state.resolve() / f"{key}.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    return _private_dir(Path(tempfile.gettempdir()) / f"corpusync-{os.getuid()}") / f"{key}.sock"
 
 
 def _authkey(state: Path) -> bytes:
-    """The home's connection key, created on first use (mode 0600 in a 0700 folder)."""
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state / "authkey"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
+    """The home's connection key, created once (written whole, then linked into place: a command that loses
+    the race reads the winner's complete key)."""
+    path = _private_dir(state) / "authkey"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=state, prefix=".authkey-")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must belong to this user with mode 0600")
     return path.read_bytes()
+
+
+def _peer_is_me(sock: socket.socket) -> bool:
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return bool(uid == os.getuid())
+
+
+def _receive_timeout(fd: int, seconds: float) -> None:
+    """SO_RCVTIMEO on the socket behind `fd` (0: none): a read past it fails instead of waiting forever."""
+    with socket.socket(fileno=os.dup(fd)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(seconds), 0))
+
+
+def _handshake(sock: socket.socket, authkey: bytes, server: bool) -> Connection:
+    """Same user, then the key proved both ways (as multiprocessing's Listener and Client do), in bounded time."""
+    if not _peer_is_me(sock):
+        sock.close()
+        raise PermissionError("the peer on the model server's socket is another user")
+    conn = Connection(sock.detach())
+    try:
+        _receive_timeout(conn.fileno(), HANDSHAKE_TIMEOUT_S)
+        if server:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+        _receive_timeout(conn.fileno(), 0)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class SharedModel:
     """A connection to the home's model server for one embedder's arguments, starting the server when none
-    answers. Calls run one at a time on a daemon thread of their own (so that a command never waits at exit
-    for a call in flight), `load` without waiting for its answer."""
+    answers. Calls run one at a time on a daemon thread of their own (a command never waits at exit for a call
+    in flight), `load` without waiting for its answer."""
 
     def __init__(self, home: Path, spec: dict[str, Any], identity_hash: str, linger_s: float) -> None:
+        spec = {k: v.resolve() if isinstance(v, Path) else v for k, v in spec.items()}  # the server's cwd differs
         self.home, self.spec, self.identity_hash, self.linger_s = home, spec, identity_hash, linger_s
-        self.state = home / STATE_DIR
+        self.state = home.resolve() / STATE_DIR
         self.key = server_key(home, spec, identity_hash)
         self._conn: Connection | None = None
         self._queue: list[tuple[Future[Any], str, tuple[Any, ...]]] = []
         self._cv = threading.Condition()
         self._closed = False
         self._warm = False
+        self._lost: str | None = None
         self.pid: Future[int] = Future()  # the server's, once connected
         threading.Thread(target=self._serve_calls, name="corpusync-shared-model", daemon=True).start()
         self._submit("hello")  # connects (and starts the server if needed) at once
@@ -116,10 +179,10 @@ class SharedModel:
 
     @property
     def warm(self) -> bool:
-        """Whether the server had its model libraries imported when this command connected (a second or so
-        after the command started, at most: the answer comes before any import)."""
+        """Whether the server had its model libraries imported when this command connected (known within a
+        second or so of the command's start: the answer comes before any import)."""
         try:
-            self.pid.result(timeout=CONNECT_TIMEOUT_S)
+            self.pid.result(timeout=START_TIMEOUT_S + HANDSHAKE_TIMEOUT_S)
         except Exception:
             return False
         return self._warm
@@ -128,52 +191,77 @@ class SharedModel:
         return SharedModel(self.home, {**self.spec, "device": device}, self.identity_hash, self.linger_s)
 
     def close(self) -> None:
-        """Close this command's connection: the server lingers for the next command."""
+        """Close this command's connection (the server lingers for the next command); calls not yet answered
+        fail as a lost server does. A call waiting for its answer is woken by shutting the socket down."""
         with self._cv:
             self._closed = True
             pending, self._queue = self._queue, []
             self._cv.notify_all()
+            conn = self._conn
         for fut, _, _ in pending:
-            fut.cancel()
-        if self._conn is not None:
-            self._conn.close()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(BrokenProcessPool("the shared model connection was closed"))
+        if conn is not None:
+            try:
+                with socket.socket(fileno=os.dup(conn.fileno())) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     # -- calls ------------------------------------------------------------------------------------------
     def _submit(self, op: str, *args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
         with self._cv:
             if self._closed:
-                fut.set_exception(BrokenProcessPool("the shared model connection is closed"))
+                fut.set_exception(BrokenProcessPool("the shared model connection was closed"))
                 return fut
             self._queue.append((fut, op, args))
             self._cv.notify()
         return fut
 
     def _serve_calls(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                fut, op, args = self._queue.pop(0)
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(self._call(op, args))
-            except BaseException as exc:
-                fut.set_exception(exc)
+        try:
+            while True:
+                with self._cv:
+                    while not self._queue and not self._closed:
+                        self._cv.wait()
+                    if self._closed:
+                        return
+                    fut, op, args = self._queue.pop(0)
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(self._call(op, args))
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+            if not self.pid.done():
+                self.pid.set_exception(BrokenProcessPool("closed before the server answered"))
 
     def _call(self, op: str, args: tuple[Any, ...]) -> Any:
-        try:
-            if self._conn is None:
-                self._conn = self._connect()
-            self._conn.send((op, args))
-            status, value = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            if not self.pid.done():
-                self.pid.set_exception(BrokenProcessPool(str(exc)))
-            raise BrokenProcessPool(f"the shared model process went away: {type(exc).__name__}: {exc}") from None
+        if self._lost is not None:  # once lost, lost: the embedder runs the model itself (no server loop)
+            raise BrokenProcessPool(self._lost)
+        for attempt in (1, 2):
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                self._conn.send((op, args))
+                status, value = self._conn.recv()
+                break
+            except Exception as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                # a server leaving at the end of its linger as this command connected: start a new one
+                if op == "hello" and attempt == 1 and not self._closed:
+                    continue
+                self._lost = f"the shared model server cannot be used: {type(exc).__name__}: {exc}"
+                if not self.pid.done():
+                    self.pid.set_exception(BrokenProcessPool(self._lost))
+                raise BrokenProcessPool(self._lost) from None
+        if status == "broken":  # it could not build the embedder: this process builds it and says why
+            raise BrokenProcessPool(f"the shared model server could not build its embedder: {value}")
         if status == "error":
             raise value
         if op == "hello" and not self.pid.done():
@@ -181,49 +269,74 @@ class SharedModel:
             self._warm = bool(value[1])
         return value
 
+    def _dial(self, path: Path, authkey: bytes) -> Connection:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(os.fspath(path))
+        except BaseException:
+            sock.close()
+            raise
+        return _handshake(sock, authkey, server=False)
+
     def _connect(self) -> Connection:
         """Connect, or start the server and connect: under a lock, so that commands started together start one."""
-        key = _authkey(self.state)
+        key, path = _authkey(self.state), socket_path(self.state, self.key)
         try:
-            return Client(_address(self.key), family="AF_UNIX", authkey=key)
+            return self._dial(path, key)
         except (ConnectionRefusedError, FileNotFoundError):
             pass
         with (self.state / f"{self.key}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return Client(_address(self.key), family="AF_UNIX", authkey=key)
+                return self._dial(path, key)
             except (ConnectionRefusedError, FileNotFoundError):
-                pass
-            proc = self._start_server()
-            deadline = time.monotonic() + CONNECT_TIMEOUT_S
+                path.unlink(missing_ok=True)  # left by a server killed with SIGKILL
+            proc = self._start_server(path)
+            deadline = time.monotonic() + START_TIMEOUT_S
             while True:
                 try:
-                    return Client(_address(self.key), family="AF_UNIX", authkey=key)
+                    conn = self._dial(path, key)
+                    break
                 except (ConnectionRefusedError, FileNotFoundError):
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise BrokenProcessPool(f"the model server did not start (exit code {proc.poll()}); see "
                                                 f"{self.state / (self.key + '.log')}") from None
                     time.sleep(0.05)
+        if self._closed:
+            conn.close()
+            raise BrokenProcessPool("the shared model connection was closed")
+        return conn
 
-    def _start_server(self) -> subprocess.Popen[bytes]:
-        spec_file = self.state / f"{self.key}.json"
-        spec_file.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in self.spec.items()}))
-        log = (self.state / f"{self.key}.log").open("ab")
-        with log:
+    def _start_server(self, path: Path) -> subprocess.Popen[bytes]:
+        """Start this key's server (its code: the package this process imported, never the working folder's),
+        after stopping the home's servers for the same model and device under another key (older code or
+        weights: their memory, GPU memory included, would otherwise linger beside the new one's)."""
+        for info in server_status(self.home):
+            if (info["key"] != self.key and info["name"] == self.spec.get("name")
+                    and info["device"] == self.spec.get("device")):
+                stop_servers(self.home, keys={info["key"]})
+        (self.state / f"{self.key}.json").write_text(
+            json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in self.spec.items()}))
+        log_path = self.state / f"{self.key}.log"
+        mode = "ab" if log_path.exists() and log_path.stat().st_size < 1_000_000 else "wb"
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        with log_path.open(mode) as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "corpusync.adapters.model_server", "--key", self.key, "--state",
-                 str(self.state), "--linger", str(self.linger_s)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+                [sys.executable, "-P", "-m", "corpusync.adapters.model_serving", f"--key={self.key}",
+                 f"--state={self.state}", f"--socket={path}", f"--linger={self.linger_s}"],
+                cwd=self.state, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True, close_fds=True)
 
 
 def _running(home: Path) -> list[tuple[Path, int]]:
     """The home's servers that run: (pid file, pid). A server killed with SIGKILL left its pid file, and its
     pid may be another process's by now: a pid counts only when its command line names the server's key."""
     found = []
-    for pid_file in sorted((home / STATE_DIR).glob("*.pid")):
+    for pid_file in sorted((home.resolve() / STATE_DIR).glob("*.pid")):
         try:
             pid = int(pid_file.read_text())
-            if pid_file.stem.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if f"--key={pid_file.stem}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append((pid_file, pid))
                 continue
         except (ValueError, OSError):
@@ -245,12 +358,14 @@ def server_status(home: Path) -> list[dict[str, Any]]:
     return out
 
 
-def stop_servers(home: Path) -> list[int]:
-    """Stop the home's servers now (`corpusync model stop`); their pids."""
+def stop_servers(home: Path, keys: set[str] | None = None) -> list[int]:
+    """Stop the home's servers (those of `keys`, else all) now (`corpusync model stop`); their pids."""
     import signal
 
     stopped = []
     for pid_file, pid in _running(home):
+        if keys is not None and pid_file.stem not in keys:
+            continue
         try:
             os.kill(pid, signal.SIGTERM)
             stopped.append(pid)
@@ -258,109 +373,3 @@ def stop_servers(home: Path) -> list[int]:
             pass
         pid_file.unlink(missing_ok=True)
     return stopped
-
-
-# -- the server -----------------------------------------------------------------------------------------------
-class _Server:
-    def __init__(self, key: str, state: Path, linger_s: float) -> None:
-        self.key, self.state, self.linger_s = key, state, linger_s
-        self.connections = 0
-        self.counting = threading.Lock()
-        self.idle_since = time.monotonic() + CONNECT_TIMEOUT_S  # the command that started it connects first
-        self.lock = threading.Lock()  # the model runs one batch at a time
-        self.ready = threading.Event()
-        self.embedder: FlagEmbedder | None = None
-        self.error: BaseException | None = None
-
-    def build(self) -> None:
-        """Import and build the embedder (the weights load at the first 'load' or batch)."""
-        from corpusync.adapters.embedders import FlagEmbedder, preload_libraries, skip_training_imports
-
-        try:
-            skip_training_imports()
-            preload_libraries()
-            spec = json.loads((self.state / f"{self.key}.json").read_text())
-            for k in ("model_dir", "cache_dir"):
-                spec[k] = Path(spec[k]) if spec.get(k) not in (None, "None") else None
-            self.embedder = FlagEmbedder(**spec)
-        except BaseException as exc:  # answered to every request; the server leaves when they have gone
-            self.error, self.linger_s = exc, 0.0
-        self.ready.set()
-
-    def answer(self, op: str, args: tuple[Any, ...]) -> Any:
-        from corpusync.adapters.model_host import embed_in_host
-
-        if op == "hello":
-            return os.getpid(), self.ready.is_set() and self.embedder is not None
-        self.ready.wait()
-        if self.embedder is None:
-            raise RuntimeError(f"the model server could not build its embedder: {self.error!r}")
-        with self.lock:
-            if op == "load":
-                return self.embedder.load_model()
-            if op == "devices":
-                return list(self.embedder.devices)
-            if op == "embed":
-                return embed_in_host(self.embedder, args[0])
-        raise ValueError(f"unknown request {op!r}")
-
-    def serve(self, conn: Connection) -> None:
-        """One command's connection, until it closes (the command ended, or was killed)."""
-        with self.counting:
-            self.connections += 1
-        try:
-            while True:
-                try:
-                    op, args = conn.recv()
-                except (EOFError, OSError):
-                    return
-                try:
-                    reply: tuple[str, Any] = ("ok", self.answer(op, args))
-                except Exception as exc:
-                    reply = ("error", exc if type(exc).__module__ == "builtins" else RuntimeError(str(exc)))
-                try:
-                    conn.send(reply)
-                except (OSError, ValueError):
-                    return
-        finally:
-            conn.close()
-            with self.counting:
-                self.connections -= 1
-                self.idle_since = time.monotonic()
-
-    def watch(self, exit_: Callable[[int], Any] = os._exit) -> None:
-        while True:
-            time.sleep(0.2)
-            with self.counting:
-                idle = self.connections == 0 and time.monotonic() - self.idle_since >= self.linger_s
-            if idle:
-                (self.state / f"{self.key}.pid").unlink(missing_ok=True)
-                exit_(0)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="corpusync's shared model server (started by the CLI)")
-    ap.add_argument("--key", required=True)
-    ap.add_argument("--state", type=Path, required=True)
-    ap.add_argument("--linger", type=float, required=True)
-    args = ap.parse_args(argv)
-    try:
-        listener = Listener(_address(args.key), family="AF_UNIX", authkey=_authkey(args.state))
-    except OSError as exc:  # another server took the address first: it serves
-        print(f"model server {args.key}: {exc}", file=sys.stderr)
-        return
-    server = _Server(args.key, args.state, args.linger)
-    (args.state / f"{args.key}.pid").write_text(str(os.getpid()))
-    threading.Thread(target=server.build, name="build", daemon=True).start()
-    threading.Thread(target=server.watch, name="linger", daemon=True).start()
-    while True:
-        try:
-            conn = listener.accept()
-        except Exception as exc:  # a client that failed the key exchange, or went away during it
-            print(f"model server {args.key}: refused a connection: {exc}", file=sys.stderr)
-            continue
-        threading.Thread(target=server.serve, args=(conn,), daemon=True).start()
-
-
-if __name__ == "__main__":
-    main()
