@@ -30,7 +30,9 @@ STORE_MAY_IMPORT = ("corpusync.store", "corpusync.core.errors", "corpusync.core.
                     "corpusync.adapters.embedders", "schemas", "tasks.diff", "tasks.discover", "tasks.load")
 # the packages from the bottom up: each may import only those before it (corpusync, the root, holds no code)
 LAYERS = ("corpusync", "corpusync.core", "schemas", "corpusync.adapters", "evaluation", "tasks", "corpusync.store",
-          "query", "corpusync.app", "flows", "corpusync.cli")
+          "query", "corpusync.app", "flows", "corpusync.cli",
+          # earlier import paths, kept for scripts written against them (the peer benchmark): on top of all
+          "corpusync.offline", "corpusync.pipeline", "corpusync.runtime")
 SQL_START = re.compile(r"^\s*(SELECT|INSERT\s+INTO|UPDATE\s+\w|DELETE\s+FROM|CREATE\s|ALTER\s|DROP\s|GRANT\s|"
                        r"SET\s+(LOCAL\s+)?[\w.]+\s*(=|TO\s)|SHOW\s+\w+$|COPY\s|TRUNCATE\s|WITH\s+\w+\s+AS\s*\()", re.I)
 
@@ -228,3 +230,15 @@ def test_each_package_imports_only_the_layers_below_it() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_earlier_import_paths_still_work() -> None:
+    """What ../shared/peers/peer_corpusync.py imports, from before the layout moved these modules."""
+    from corpusync.app.pipeline import chunk_config as new_chunk_config
+    from corpusync.core.offline import apply_offline_defaults as new_offline
+    from corpusync.offline import apply_offline_defaults
+    from corpusync.pipeline import chunk_config
+    from corpusync.runtime import open_database
+    from corpusync.store.db import open_database as new_open_database
+
+    assert (apply_offline_defaults, chunk_config, open_database) == (new_offline, new_chunk_config, new_open_database)
