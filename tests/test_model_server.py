@@ -171,6 +171,8 @@ def test_commands_started_together_start_one_server_and_new_weights_replace_it( 
         new_pid = new.pid.result(timeout=60)
         assert new_pid != pid and _gone_within(pid, 10.0)  # the old weights' server does not linger beside it
         assert [s["pid"] for s in model_server.server_status(tmp_path)] == [new_pid]
+        files = {p.name for p in (tmp_path / model_server.STATE_DIR).iterdir()}
+        assert f"{old[0].key}.json" not in files and f"{new.key}.json" in files  # nothing piles up per key
     finally:
         new.close()
         model_server.stop_servers(tmp_path)

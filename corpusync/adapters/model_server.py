@@ -310,11 +310,16 @@ class SharedModel:
     def _start_server(self, path: Path) -> subprocess.Popen[bytes]:
         """Start this key's server (its code: the package this process imported, never the working folder's),
         after stopping the home's servers for the same model and device under another key (older code or
-        weights: their memory, GPU memory included, would otherwise linger beside the new one's)."""
-        for info in server_status(self.home):
-            if (info["key"] != self.key and info["name"] == self.spec.get("name")
-                    and info["device"] == self.spec.get("device")):
-                stop_servers(self.home, keys={info["key"]})
+        weights: their memory, GPU memory included, would otherwise linger beside the new one's), and removing
+        the arguments and logs of keys no server runs for."""
+        running = {info["key"]: info for info in server_status(self.home)}
+        for key, info in list(running.items()):
+            if key != self.key and info["name"] == self.spec.get("name") and info["device"] == self.spec.get("device"):
+                stop_servers(self.home, keys={key})
+                del running[key]
+        for stale in [*self.state.glob("*.json"), *self.state.glob("*.log")]:  # of keys no server runs for
+            if stale.stem not in running and stale.stem != self.key:
+                stale.unlink(missing_ok=True)
         (self.state / f"{self.key}.json").write_text(
             json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in self.spec.items()}))
         log_path = self.state / f"{self.key}.log"
