@@ -36,6 +36,7 @@ BASE ?= HEAD
 GATE_HOME ?= .corpusync-gate
 GATE_BASE := $(GATE_HOME)/base-checkout
 gate: install
+	-$(BIN)/corpusync --home $(GATE_HOME) model stop
 	rm -rf $(GATE_HOME) && mkdir -p $(GATE_HOME)
 	git archive --format=tar --prefix=base-checkout/ $(BASE) examples/sample-corpus | tar -x -C $(GATE_HOME)
 	CORPUSYNC_GOLDSETS='["examples/goldset.jsonl"]' $(BIN)/corpusync --home $(GATE_HOME) refresh -q $(GATE_BASE)/examples/sample-corpus
@@ -58,5 +59,6 @@ bench: install
 	$(BIN)/python bench/refresh.py
 
 clean:
+	-$(BIN)/corpusync --home $(DEMO_HOME) model stop
 	-$(BIN)/corpusync --home $(DEMO_HOME) db stop
 	rm -rf $(DEMO_HOME)

@@ -355,7 +355,7 @@ app.add_typer(model_app, name="model")
 
 @model_app.command("status")
 def model_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """The home's shared model servers: pid, model and whether the model is loaded."""
+    """The home's shared model servers: pid, model, device and model folder."""
     from corpusync.adapters.model_server import server_status
 
     servers = server_status(_settings().home)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 STATE_DIR = "model-server"
 START_TIMEOUT_S = 30.0  # for a server just started to listen (it listens before it imports anything)
 HANDSHAKE_TIMEOUT_S = 10.0  # a peer that connects and says nothing does not hold the other end
+WARM_CHECK_S = 2.0  # how long `warm` waits for the server's first answer
 _GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
@@ -68,8 +69,9 @@ def share_model(embedder: FlagEmbedder, home: Path, linger_s: float) -> bool:
 def server_key(home: Path, spec: dict[str, Any], identity_hash: str) -> str:
     """Which server may serve an embedder built from `spec` for `home`: same arguments, same weights (the
     identity hash holds their sha256), same visible GPUs, same code."""
-    code = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
-                  for p in Path(__file__).parent.glob("*.py"))
+    package = Path(__file__).resolve().parents[1]  # all of corpusync: the server runs its core modules too
+    code = sorted((p.relative_to(package).as_posix(), p.stat().st_mtime_ns, p.stat().st_size)
+                  for p in package.rglob("*.py"))
     blob = json.dumps({"home": str(home.resolve()), "spec": {k: str(v) for k, v in spec.items()},
                        "identity": identity_hash, "code": code, "python": sys.executable,
                        "gpus": [os.environ.get(v) for v in _GPU_VARIABLES]}, sort_keys=True)
@@ -179,10 +181,10 @@ class SharedModel:
 
     @property
     def warm(self) -> bool:
-        """Whether the server had its model libraries imported when this command connected (known within a
-        second or so of the command's start: the answer comes before any import)."""
+        """Whether the server had its model libraries imported when this command connected. A running server
+        answers within milliseconds; one still starting is not warm, so this waits WARM_CHECK_S at most."""
         try:
-            self.pid.result(timeout=START_TIMEOUT_S + HANDSHAKE_TIMEOUT_S)
+            self.pid.result(timeout=WARM_CHECK_S)
         except Exception:
             return False
         return self._warm
@@ -299,6 +301,7 @@ class SharedModel:
                     break
                 except (ConnectionRefusedError, FileNotFoundError):
                     if proc.poll() is not None or time.monotonic() > deadline:
+                        proc.kill()  # too slow to listen: not left to linger beside the one the retry starts
                         raise BrokenProcessPool(f"the model server did not start (exit code {proc.poll()}); see "
                                                 f"{self.state / (self.key + '.log')}") from None
                     time.sleep(0.05)
@@ -318,7 +321,11 @@ class SharedModel:
                 stop_servers(self.home, keys={key})
                 del running[key]
         for stale in [*self.state.glob("*.json"), *self.state.glob("*.log")]:  # of keys no server runs for
-            if stale.stem not in running and stale.stem != self.key:
+            try:  # (a server starting now, another GPU's, has no pid file yet but a new .json)
+                old = time.time() - stale.stat().st_mtime > 10 * START_TIMEOUT_S
+            except OSError:
+                continue
+            if old and stale.stem not in running and stale.stem != self.key:
                 stale.unlink(missing_ok=True)
         (self.state / f"{self.key}.json").write_text(
             json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in self.spec.items()}))

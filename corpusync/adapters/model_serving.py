@@ -6,6 +6,7 @@ model one batch at a time; leaves once no connection has been open for its linge
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import socket
@@ -33,6 +34,7 @@ class Server:
         self.ready = threading.Event()
         self.embedder: FlagEmbedder | None = None
         self.error: BaseException | None = None
+        self.socket_inode = 0  # set once bound: the socket file this server may remove
 
     def build(self) -> None:
         """Import and build the embedder (the weights load at the first 'load' or batch)."""
@@ -126,9 +128,23 @@ class Server:
             with self.counting:
                 if self.connections == 0 and time.monotonic() - self.idle_since >= self.linger_s:
                     self.listener.close()
-                    self.path.unlink(missing_ok=True)
-                    (self.state / f"{self.key}.pid").unlink(missing_ok=True)
+                    self._remove_own_files()
                     os._exit(0)
+
+    def _remove_own_files(self) -> None:
+        """The socket and pid file, if still this server's: its home may have been deleted and recreated, and a
+        successor (same key, same paths) started there."""
+        try:
+            if os.stat(self.path).st_ino == self.socket_inode:
+                self.path.unlink()
+        except OSError:
+            pass
+        pid_file = self.state / f"{self.key}.pid"
+        try:
+            if pid_file.read_text().strip() == str(os.getpid()):
+                pid_file.unlink()
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,11 +157,12 @@ def main(argv: list[str] | None = None) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(os.fspath(args.socket))
-    except OSError as exc:  # another server took the address first: it serves
-        print(f"model server {args.key}: {exc}", file=sys.stderr, flush=True)
-        return
+    except OSError as exc:
+        print(f"model server {args.key}: cannot listen on {args.socket}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(0 if exc.errno == errno.EADDRINUSE else 1)  # in use: another server took it first, and serves
     listener.listen(64)
     server = Server(args.key, args.state, listener, args.socket, args.linger)
+    server.socket_inode = os.stat(args.socket).st_ino
     (args.state / f"{args.key}.pid").write_text(str(os.getpid()))
     threading.Thread(target=server.build, name="build", daemon=True).start()
     threading.Thread(target=server.linger, name="linger", daemon=True).start()
