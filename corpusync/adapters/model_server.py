@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import socket
 import struct
 import subprocess
@@ -372,8 +373,6 @@ def server_status(home: Path) -> list[dict[str, Any]]:
 
 def stop_servers(home: Path, keys: set[str] | None = None) -> list[int]:
     """Stop the home's servers (those of `keys`, else all) now (`corpusync model stop`); their pids."""
-    import signal
-
     stopped = []
     for pid_file, pid in _running(home):
         if keys is not None and pid_file.stem not in keys:
