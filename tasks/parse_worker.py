@@ -21,7 +21,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -89,7 +91,7 @@ def _apply_memory_limit(memory_mb: int) -> str | None:
 
 
 def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tuple[str, ...],
-                 parent: int) -> None:
+                 parent: int, warm_dir: str) -> None:
     """pebble's initializer: tied to the refresh's life (a worker busy warming up or parsing when the refresh
     is SIGKILLed exits within a fraction of a second), memory limit (it bounds the warm-up too), then the
     warm-up. It never raises: a failing initializer would make pebble declare the whole pool broken."""
@@ -99,16 +101,16 @@ def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tu
         from corpusync.core.offline import apply_offline_defaults
 
         apply_offline_defaults()
-        _warm_up(warm)
+        _warm_up(warm, Path(warm_dir) / str(os.getpid()))
     except BaseException as exc:  # a warm-up that fails (memory limit) only costs the first parse
         log.debug("parse worker warm-up failed: %s: %s", type(exc).__name__, exc)
 
 
-def _warm_up(kinds: tuple[str, ...]) -> None:
+def _warm_up(kinds: tuple[str, ...], folder: Path) -> None:
     """Parse a tiny sample of each kind, so the parser modules (unstructured's ~3 s import, PyMuPDF) are
-    loaded before the worker takes a document whose clock is running."""
+    loaded before the worker takes a document whose clock is running. The samples go in `folder`, under the
+    pool's own temporary folder: the pool removes it as it stops, even when it kills a worker warming up."""
     import hashlib
-    import tempfile
     from datetime import UTC, datetime
 
     samples: dict[str, bytes] = {"txt": b"Warm-up.\n", "md": b"# Warm-up\n\nA paragraph.\n"}
@@ -118,13 +120,16 @@ def _warm_up(kinds: tuple[str, ...]) -> None:
         pdf = pymupdf.open()
         pdf.new_page().insert_text((72, 72), "Warm-up.")
         samples["pdf"] = pdf.tobytes()
-    with tempfile.TemporaryDirectory(prefix="corpusync-warm-") as tmp:
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
         for kind in ("txt", *kinds):
-            path = Path(tmp) / f"warm-up.{kind}"
+            path = folder / f"warm-up.{kind}"
             path.write_bytes(samples[kind])
             src = SourceFile(path.name, path, len(samples[kind]), datetime.now(UTC),
                              hashlib.sha256(samples[kind]).hexdigest())
             parse_document(src, _WORKER["options"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
@@ -256,15 +261,17 @@ class ParsePool:
         self._warm = tuple(kind for kind, exts in (("pdf", PAGED[:1]), ("md", UNSTRUCTURED))
                            if suffixes is None or suffixes & set(exts))
         self._pool: ProcessPool | None = None
+        self._warm_dir: str | None = None
         self.restarts = 0
         self.memory_limit_problem: str | None = None
 
     # -- the pool --
     def _running_pool(self) -> ProcessPool:
         if self._pool is None:
+            self._warm_dir = tempfile.mkdtemp(prefix="corpusync-warm-")
             self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
                                      initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
-                                               os.getpid()),
+                                               os.getpid(), self._warm_dir),
                                      context=mp.get_context("spawn"))  # never fork a process with threads
         return self._pool
 
@@ -273,6 +280,9 @@ class ParsePool:
             self._pool.stop()
             self._pool.join()
             self._pool = None
+        if self._warm_dir is not None:  # what a worker stopped while warming up left
+            shutil.rmtree(self._warm_dir, ignore_errors=True)
+            self._warm_dir = None
 
     def _schedule(self, job: _Job) -> Future[Any]:
         """Count the document's pages first where its deadline depends on them, else parse it."""

@@ -145,3 +145,46 @@ def test_threads_runner_retries_a_dropped_connection_and_fails_on_a_bug(  # type
             refresh(settings, corpus)
         assert calls.count("bug") == 1
         assert_same_index(live(url), want)
+
+
+def test_the_next_batch_embeds_while_the_last_one_loads(  # type: ignore[no-untyped-def]
+        prefect_harness, reference, tmp_path: Path, pg_server: str, template_db: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed build (one document per batch here) loads each batch while the next one is embedded: the
+    embedding of batch k+1 waits (up to 20 s) for the load of batch k to start, and that load waits for the
+    embedding to start. A build that embeds and loads in turn, in either order, times out here."""
+    import threading
+
+    from corpusync.app import build
+    from corpusync.store import versions
+
+    corpus, want = reference
+    state = threading.Condition()
+    started = {"embed": 0, "load": 0}
+    waits: list[bool] = []
+    real_embed, real_load = build.step_embed, versions.load_documents
+
+    def begin(step: str, wait_for: str, count: int) -> None:
+        with state:
+            started[step] += 1
+            state.notify_all()
+            if count:
+                waits.append(state.wait_for(lambda: started[wait_for] >= count, timeout=20))
+
+    def embed(*a: Any, **kw: Any) -> Any:
+        begin("embed", "load", started["embed"])  # batch k+1: once batch k's load has started
+        return real_embed(*a, **kw)
+
+    def load(*a: Any, **kw: Any) -> Any:
+        n = started["load"] + 1
+        begin("load", "embed", n + 1 if n < 6 else 0)  # six documents: the last load has no next batch
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(build, "step_embed", embed)
+    monkeypatch.setattr(versions, "load_documents", load)
+    with new_database(pg_server, template_db) as url:
+        settings = make_settings(tmp_path / "home", url).model_copy(update={"build_batch_documents": 1})
+        summary = refresh(settings, corpus)
+        assert summary["published"], summary
+        assert waits == [True] * 10
+        assert_same_index(live(url), want)

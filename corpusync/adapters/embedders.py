@@ -219,6 +219,9 @@ class FlagEmbedder:
             max_tokens=self.max_tokens,
         )
         self.calls = 0  # model invocations (tests check that reuse avoids them)
+        # transformers' tokenizer is not thread-safe (a Rust borrow per call): the build chunks on one thread
+        # while another embeds, and without tokenizer.json both would use it
+        self._tokenizing = threading.Lock()
 
     @cached_property
     def devices(self) -> list[str]:
@@ -245,8 +248,8 @@ class FlagEmbedder:
         for dev in self.devices[1:]:
             r = copy.copy(self)
             r.__dict__ = {k: v for k, v in self.__dict__.items()
-                          if k not in {"model", "tokenizer", "counter", "_special_ids", "_host"}}
-            r.__dict__.update(devices=[dev], device=dev, calls=0, _host=None)
+                          if k not in {"model", "tokenizer", "counter", "_special_ids", "_host", "_tokenizing"}}
+            r.__dict__.update(devices=[dev], device=dev, calls=0, _host=None, _tokenizing=threading.Lock())
             if self._host is not None:  # a model process of its own, on its device
                 r.attach_host(self._host.for_device(dev))
             replicas.append(r)
@@ -276,13 +279,15 @@ class FlagEmbedder:
             return []
         if isinstance(self.counter, FastTokenizer):
             return self.counter.count_tokens(texts)
-        enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)
+        with self._tokenizing:
+            enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         if isinstance(self.counter, FastTokenizer):
             return self.counter.token_offsets(text)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        with self._tokenizing:
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         return [tuple(o) for o in enc["offset_mapping"]]
 
     def coverage(self, words: Sequence[str]) -> float:
@@ -296,7 +301,8 @@ class FlagEmbedder:
         if isinstance(counter, FastTokenizer):
             ids = counter.ids(words)
         else:
-            ids = counter(list(words), add_special_tokens=False, truncation=False)["input_ids"]
+            with self._tokenizing:
+                ids = counter(list(words), add_special_tokens=False, truncation=False)["input_ids"]
         return sum(unk not in row for row in ids) / len(ids)
 
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
@@ -400,8 +406,9 @@ class FlagEmbedder:
         go to it as they are (it tokenises)."""
         if self._host is not None:
             return list(texts)
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
-                             return_tensors="pt")
+        with self._tokenizing:
+            enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                                 return_tensors="pt")
         if self.device.startswith("cuda"):
             enc = {k: v.pin_memory() for k, v in enc.items()}
         return enc

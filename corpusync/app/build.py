@@ -14,10 +14,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
+
+import psycopg
 
 from corpusync.app.fanout import BatchResult, embed_batch
 from corpusync.app.pipeline import _quarantine, chunk_config, pipeline_fingerprint
@@ -25,6 +29,7 @@ from corpusync.app.runtime import RefreshContext
 from corpusync.core import progress
 from corpusync.core.errors import ParseError
 from corpusync.store import generations, versions
+from corpusync.store.db import open_database
 from schemas.records import (
     ChunkedDocument,
     DiffPlan,
@@ -37,6 +42,7 @@ from schemas.records import (
 from tasks import chunk as chunk_stage
 from tasks import parse as parse_stage
 from tasks import validate_worker
+from tasks.embed import EmbedStats
 from tasks.parse_worker import ParsePool, default_workers
 from tasks.validate import Thresholds, ValidationOutcome, validate_chunks
 
@@ -71,7 +77,8 @@ def step_build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
     validation = Validation()
     batch: list[ChunkedDocument] = []
     tokens = 0
-    with progress.stage("build", len(plan.to_process)) as bar, closing(_parsed(ctx, plan.to_process)) as stream:
+    with (progress.stage("build", len(plan.to_process)) as bar, closing(_parsed(ctx, plan.to_process)) as stream,
+          EmbedAhead(ctx) as embedding):
         for parsed in stream:
             chunked = _chunk(ctx, parsed, replaces.get(parsed.source.path))
             bar.advance()
@@ -80,11 +87,70 @@ def step_build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
             batch.append(chunked)
             tokens += sum(c.token_count for c in chunked.chunks)
             if len(batch) >= s.build_batch_documents or tokens >= s.build_batch_tokens:
-                _finish_batch(ctx, batch, validation)
+                _load_embedded(ctx, embedding.submit(batch), validation)
                 batch, tokens = [], 0
         if batch:
-            _finish_batch(ctx, batch, validation)
+            _load_embedded(ctx, embedding.submit(batch), validation)
+        _load_embedded(ctx, embedding.finish(), validation)
     return finish_build(ctx, plan, validation)
+
+
+class EmbedAhead:
+    """Embeds one batch on a thread of its own (with its own connection, for the vector cache) while the
+    build's thread validates and loads the batch before it and chunks the next, so the model does not wait
+    for them. `submit(batch)` returns the previous batch, embedded (its vectors cached), so at most
+    two batches are held beyond the one being chunked. The candidate is written by the build's thread only."""
+
+    def __init__(self, ctx: RefreshContext) -> None:
+        self.ctx = ctx
+        self._thread: ThreadPoolExecutor | None = None
+        self._conn: psycopg.Connection | None = None
+        self._pending: Future[tuple[list[EmbeddedDocument], EmbedStats, float]] | None = None
+
+    def __enter__(self) -> EmbedAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:  # on an error: a batch the model is on finishes (its vectors are kept)
+            self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._conn is not None:
+            self._conn.close()
+
+    def submit(self, batch: list[ChunkedDocument]) -> list[EmbeddedDocument]:
+        """Start embedding `batch`; returns the batch submitted before it, embedded ([] for the first)."""
+        ctx = self.ctx
+        model_id = _model(ctx)  # registered by the writer's connection, before the thread needs it
+        if ctx.settings.validate_chunks:  # started by now unless the model runs in a process of its own
+            validate_worker.start()
+        if self._thread is None:
+            self._conn = open_database(ctx.settings, migrate=False)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corpusync-embed")
+        conn = self._conn
+        assert conn is not None
+
+        def embed() -> tuple[list[EmbeddedDocument], EmbedStats, float]:
+            t0 = time.perf_counter()
+            embedded, stats = step_embed(ctx, conn, model_id, batch)
+            return embedded, stats, time.perf_counter() - t0
+
+        previous, self._pending = self._pending, self._thread.submit(embed)
+        return self._collect(previous)
+
+    def finish(self) -> list[EmbeddedDocument]:
+        """The last batch submitted, embedded."""
+        previous, self._pending = self._pending, None
+        return self._collect(previous)
+
+    def _collect(self, future: Future[tuple[list[EmbeddedDocument], EmbedStats, float]] | None
+                 ) -> list[EmbeddedDocument]:
+        if future is None:
+            return []
+        embedded, stats, seconds = future.result()
+        ctx = self.ctx  # booked on the build's thread: the timings and summary have one writer
+        ctx.timings["embed"] = round(ctx.timings.get("embed", 0.0) + seconds, 4)
+        ctx.summary.chunks.embedded += stats.embedded
+        ctx.summary.chunks.reused += stats.reused + stats.deduplicated
+        return embedded
 
 
 def finish_build(ctx: RefreshContext, plan: DiffPlan, validation: Validation) -> int | None:
@@ -201,26 +267,18 @@ def _chunk(ctx: RefreshContext, doc: ParsedDocument, replaces: LiveVersion | Non
     return cd
 
 
-def _finish_batch(ctx: RefreshContext, batch: list[ChunkedDocument], validation: Validation) -> None:
-    embedded = step_embed(ctx, batch)
+def _load_embedded(ctx: RefreshContext, embedded: list[EmbeddedDocument], validation: Validation) -> None:
     passed, outcome = step_validate(ctx, embedded)
     if outcome is not None:
         validation.add(outcome)
     step_load_batch(ctx, passed)
 
 
-def step_embed(ctx: RefreshContext, chunked: list[ChunkedDocument]) -> list[EmbeddedDocument]:
-    """Vectors for one batch (embed_batch), booked in the run's summary."""
-    if not chunked:
-        return []
-    if ctx.settings.validate_chunks:  # started by now unless the model runs in a process of its own (warm_up)
-        validate_worker.start()
-    with ctx.timed("embed"):
-        embedded, stats = embed_batch(ctx.settings, ctx.conn, ctx.embedder, _model(ctx), chunked,
-                                      reembed=ctx.reembed)
-    ctx.summary.chunks.embedded += stats.embedded
-    ctx.summary.chunks.reused += stats.reused + stats.deduplicated
-    return embedded
+def step_embed(ctx: RefreshContext, conn: psycopg.Connection, model_id: int, chunked: list[ChunkedDocument]
+               ) -> tuple[list[EmbeddedDocument], EmbedStats]:
+    """Vectors for one batch (embed_batch) on `conn`. It runs on the embedding thread (EmbedAhead), so it
+    books nothing in ctx: the caller does."""
+    return embed_batch(ctx.settings, conn, ctx.embedder, model_id, chunked, reembed=ctx.reembed)
 
 
 def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]

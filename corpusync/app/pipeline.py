@@ -162,7 +162,7 @@ def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bo
         if not (shared and share_model(embedder, *shared)):
             host_model(embedder)
     if isinstance(embedder, FlagEmbedder) and embedder.hosted:
-        # the validation worker waits for the first batch to go to the model (build.step_embed): until then this
+        # the validation worker waits for the first batch to go to the model (build.EmbedAhead): until then this
         # process plans, parses and chunks on one core and the model process imports on the other; unless that
         # process is a shared server that has imported already, when great_expectations is the longest wait
         if validate and embedder.host_warm:
