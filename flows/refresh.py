@@ -83,7 +83,7 @@ def refresh(
                                  model=settings.task_runner != "dask")  # Dask workers load theirs
             mapped = fanout.builds_by_tasks(settings)
             generation = t.build_mapped(ctx, plan) if mapped else t.build(ctx, plan)
-            pipeline.stop_workers()  # validation is done: the worker exits while the gate runs
+            pipeline.release_workers()  # validation is done: the worker idles through the gate
             t.evaluate(ctx, generation)
             t.publish(ctx, generation)
             t.prune(ctx)
@@ -93,7 +93,7 @@ def refresh(
             publish_run_summary(summary)
         raise
     finally:
-        pipeline.stop_workers()
+        pipeline.release_workers()
     publish_run_summary(ctx.summary.model_dump())
     return ctx.summary.model_dump()
 

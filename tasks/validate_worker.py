@@ -27,6 +27,11 @@ log = logging.getLogger("corpusync.validate")
 
 _lock = threading.Lock()
 _worker: _SuiteWorker | None = None
+_idle: threading.Timer | None = None
+# How long a released worker waits for the next refresh of the same process (a Python caller, a test session,
+# a Dask worker) before it exits: a new one costs ~4.5 s of CPU for great_expectations' import. A CLI
+# refresh's process exits sooner, and the worker with it.
+LINGER_S = 60.0
 
 
 def _init_worker(parent: int) -> None:
@@ -71,21 +76,55 @@ def _noop() -> None:
 
 
 def start() -> None:
-    """Spawn the worker (once per process); the next `suite()` uses it."""
+    """Spawn the worker (once per process, or keep the one released); the next `suite()` uses it."""
     global _worker
     with _lock:
+        _keep()
         if _worker is None:
             _worker = _SuiteWorker()
             atexit.register(stop)
+
+
+def release(linger_s: float = LINGER_S) -> None:
+    """The run needs the worker no more: it exits after `linger_s` unless a run starts it again by then."""
+    global _idle
+    if linger_s <= 0:
+        stop()
+        return
+    with _lock:
+        _keep()
+        if _worker is not None:
+            _idle = threading.Timer(linger_s, _stop_if_idle, args=(_worker,))
+            _idle.daemon = True
+            _idle.name = "corpusync-validate-linger"
+            _idle.start()
 
 
 def stop() -> None:
     """Stop the worker (it exits on its own) and let go of the pool."""
     global _worker
     with _lock:
+        _keep()
         worker, _worker = _worker, None
     if worker is not None:
         worker.close()
+
+
+def _keep() -> None:
+    """Cancel a pending linger stop (under _lock)."""
+    global _idle
+    if _idle is not None:
+        _idle.cancel()
+        _idle = None
+
+
+def _stop_if_idle(worker: _SuiteWorker) -> None:
+    global _worker, _idle
+    with _lock:
+        if _idle is not threading.current_thread() or _worker is not worker:
+            return  # started again (and maybe released again) since this timer was armed
+        _worker, _idle = None, None
+    worker.close()
 
 
 def suite() -> Any:

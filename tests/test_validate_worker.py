@@ -53,3 +53,27 @@ def test_a_dead_worker_falls_back_to_this_process(embedder, caplog) -> None:  # 
 def test_without_a_worker_the_suite_runs_here() -> None:
     validate_worker.stop()
     assert validate_worker.suite() is validate_worker.run_suite
+
+
+def test_a_released_worker_serves_the_next_run_then_exits(embedder) -> None:  # type: ignore[no-untyped-def]
+    """A refresh releases the worker: the next refresh of the process within the linger finds the same worker
+    (no second great_expectations import), and one that does not come lets it exit."""
+    import time
+
+    docs = broken_vectors(embedder)
+    validate_worker.start()
+    try:
+        first = validate_worker.suite()
+        validate_chunks(docs, LIMITS, suite=first)
+        validate_worker.release(linger_s=1.0)
+        validate_worker.start()  # within the linger: kept, and the stop it armed disarmed
+        time.sleep(1.5)
+        assert validate_worker.suite() == first
+        assert set(validate_chunks(docs, LIMITS, suite=validate_worker.suite()).failures) == {"nan.md", "long.md"}
+        validate_worker.release(linger_s=0.2)
+        deadline = time.monotonic() + 10
+        while validate_worker.suite() is not validate_worker.run_suite and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert validate_worker.suite() is validate_worker.run_suite  # gone after the linger
+    finally:
+        validate_worker.stop()

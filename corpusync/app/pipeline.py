@@ -191,9 +191,10 @@ def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bo
     _warm_up.start()
 
 
-def stop_workers() -> None:
-    """Stop what warm_up started in other processes (the run is over; the next one starts its own)."""
-    validate_worker.stop()
+def release_workers() -> None:
+    """Let go of what warm_up started in other processes: the validation worker stays a minute for this
+    process's next refresh (tasks/validate_worker.py), then exits; a CLI refresh's process ends first."""
+    validate_worker.release()
 
 
 def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprint: str) -> None:
