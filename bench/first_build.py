@@ -79,6 +79,10 @@ def main() -> None:
                     print(f"{name:>9} run {i + 1}: {wall:.1f} s, " + ", ".join(f"{s} {t.get(s, 0):.1f}"
                                                                             for s in STAGES), file=sys.stderr)
         finally:
+            sys.path.insert(0, str(REPO))
+            from corpusync.core.prefect_local import stop_shared
+
+            stop_shared()  # the local API server the runs shared
             if args.baseline:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["baseline"])],
                                check=False)

@@ -128,6 +128,7 @@ def refresh(
                                        skip_gate=skip_gate, settings=settings)
         finally:
             embedder.close_host()
+            pipeline.stop_workers()  # this process ends here: no next refresh for the validation worker
     code = 1 if summary["status"] == "refused" else 0
     if as_json:
         reason = summary.get("message") or ("nothing changed" if summary["status"] == "no_changes" else "")

@@ -191,6 +191,11 @@ def warm_up(embedder: Embedder, *, validate: bool, model: bool = False, host: bo
     _warm_up.start()
 
 
+def stop_workers() -> None:
+    """Stop what warm_up started in other processes now: for a process that refreshes once (the CLI)."""
+    validate_worker.stop()
+
+
 def release_workers() -> None:
     """Let go of what warm_up started in other processes: the validation worker stays a minute for this
     process's next refresh (tasks/validate_worker.py), then exits; a CLI refresh's process ends first."""
