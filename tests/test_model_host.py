@@ -127,11 +127,13 @@ def test_model_errors_cross_as_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.db
 @pytest.mark.flow
 def test_a_cli_refresh_never_imports_torch_in_its_own_process(settings, corpus: Path) -> None:  # type: ignore[no-untyped-def]
+    # and its validation worker is stopped as the command ends (the exit would wait out the worker's linger)
     code = ("import sys, json\n"
             "from corpusync import cli\n"
+            "from tasks import validate_worker\n"
             "rc = cli.main(sys.argv[1:])\n"
             "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules,"
-            " 'transformers': 'transformers' in sys.modules}))\n")
+            " 'transformers': 'transformers' in sys.modules, 'validation': validate_worker._worker is not None}))\n")
     env = {**os.environ, "CORPUSYNC_DATABASE_URL": settings.database_dsn(),
            "CORPUSYNC_CHUNK_MAX_TOKENS": str(settings.chunk_max_tokens)}
     proc = subprocess.run([sys.executable, "-c", code, "--home", str(settings.home), "refresh", str(corpus), "--json",
@@ -140,7 +142,7 @@ def test_a_cli_refresh_never_imports_torch_in_its_own_process(settings, corpus: 
     summary_text, _, last = proc.stdout.rstrip().rpartition("\n")
     summary, after = json.loads(summary_text), json.loads(last)
     assert summary["status"] == "published" and summary["chunks"]["embedded"] > 0
-    assert after == {"rc": 0, "torch": False, "transformers": False}, proc.stderr[-3000:]
+    assert after == {"rc": 0, "torch": False, "transformers": False, "validation": False}, proc.stderr[-3000:]
 
 
 def _gone(pid: int, within_s: float) -> bool:
