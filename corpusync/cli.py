@@ -97,38 +97,42 @@ def refresh(
     from corpusync.core import progress
 
     settings = _settings()
-    # nothing changed (most scheduled runs): recorded without a flow run, in well under a second of work
-    summary, found = (None, None) if reembed else refresh_if_unchanged(
-        settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate)
-    if summary is None:
-        from corpusync.adapters.embedders import build_embedder
-        from corpusync.app import pipeline
-        from corpusync.core import prefect_local
+    try:
+        # nothing changed (most scheduled runs): recorded without a flow run, in well under a second of work
+        summary, found = (None, None) if reembed else refresh_if_unchanged(
+            settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate)
+        if summary is None:
+            from corpusync.adapters.embedders import build_embedder
+            from corpusync.app import pipeline
+            from corpusync.core import prefect_local
 
-        # torch, FlagEmbedding and the model load from now on (the longest wait of a small refresh), in a
-        # process of their own (settings.model_process) while the flow machinery loads here and Prefect's local
-        # API server is found, or started on another core (great_expectations loads later, in the validation
-        # worker, once the flow has a plan: earlier it would slow the server's start).
-        embedder = build_embedder(settings)
-        try:  # from here on the model process is stopped however the command ends
-            pipeline.warm_up(embedder, validate=False,
-                             host=settings.model_process and settings.task_runner != "dask",  # Dask workers embed
-                             shared=(settings.home, settings.model_linger_s))
-            if settings.validate_chunks and getattr(embedder, "host_warm", False):
-                # a warm shared model (an earlier command loaded it): great_expectations is now the longest wait
-                pipeline.warm_up(embedder, validate=True)
-            api = prefect_local.launch(settings.local_api_linger_s)
-            from flows.refresh import refresh as refresh_flow
+            # torch, FlagEmbedding and the model load from now on (the longest wait of a small refresh), in a
+            # process of their own (settings.model_process) while the flow machinery loads here and Prefect's local
+            # API server is found, or started on another core (great_expectations loads later, in the validation
+            # worker, once the flow has a plan: earlier it would slow the server's start).
+            embedder = build_embedder(settings)
+            try:  # from here on the model process is stopped however the command ends
+                pipeline.warm_up(embedder, validate=False,
+                                 host=settings.model_process and settings.task_runner != "dask",  # Dask workers embed
+                                 shared=(settings.home, settings.model_linger_s))
+                if settings.validate_chunks and getattr(embedder, "host_warm", False):
+                    # a warm shared model (an earlier command loaded it): great_expectations is now the longest wait
+                    pipeline.warm_up(embedder, validate=True)
+                api = prefect_local.launch(settings.local_api_linger_s)
+                from flows.refresh import refresh as refresh_flow
 
-            _quiet_expected_failures()
-            bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
-            handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
-            with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
-                summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
-                                       skip_gate=skip_gate, settings=settings)
-        finally:
-            embedder.close_host()
-            pipeline.stop_workers()  # this process ends here: no next refresh for the validation worker
+                _quiet_expected_failures()
+                bar = _Bar(enabled=not (quiet or as_json) and sys.stderr.isatty())
+                handed_on = pipeline.discovered(settings, source, found) if found is not None else nullcontext()
+                with prefect_local.serving(api), bar.progress, progress.use(bar), handed_on:
+                    summary = refresh_flow(str(source), allow_mass_delete=allow_mass_delete, reembed=reembed,
+                                           skip_gate=skip_gate, settings=settings)
+            finally:
+                embedder.close_host()
+    finally:  # this process ends here: the validation worker has no next refresh to wait for (and the
+        from corpusync.app import pipeline as app  # exit, which joins threads, would wait out its linger)
+
+        app.stop_workers()
     code = 1 if summary["status"] == "refused" else 0
     if as_json:
         reason = summary.get("message") or ("nothing changed" if summary["status"] == "no_changes" else "")

@@ -188,3 +188,38 @@ def test_the_next_batch_embeds_while_the_last_one_loads(  # type: ignore[no-unty
         assert summary["published"], summary
         assert waits == [True] * 10
         assert_same_index(live(url), want)
+
+
+def test_a_failed_load_stops_the_batch_being_embedded_and_the_next_run_converges(  # type: ignore[no-untyped-def]
+        prefect_harness, reference, tmp_path: Path, pg_server: str, template_db: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the first load fails while the next batch is in the model. The run fails with that
+    error (not the embedding's); the embedding stops after its model batch at hand, its thread ends and its
+    connection closes; the next run publishes the same index as the reference."""
+    import threading
+
+    from corpusync.app import build
+    from corpusync.store import versions
+
+    corpus, want = reference
+    real_load, real_open = versions.load_documents, build.open_database
+    opened: list[psycopg.Connection] = []
+
+    def failing_load(*a: Any, **kw: Any) -> Any:
+        raise RuntimeError("the load failed (injected)")
+
+    def open_database(*a: Any, **kw: Any) -> psycopg.Connection:
+        opened.append(real_open(*a, **kw))
+        return opened[-1]
+
+    monkeypatch.setattr(versions, "load_documents", failing_load)
+    monkeypatch.setattr(build, "open_database", open_database)
+    with new_database(pg_server, template_db) as url:
+        settings = make_settings(tmp_path / "home", url).model_copy(update={"build_batch_documents": 1})
+        with pytest.raises(RuntimeError, match="injected"):
+            refresh(settings, corpus)
+        assert len(opened) == 1 and opened[0].closed
+        assert not [t for t in threading.enumerate() if t.name.startswith("corpusync-embed")]
+        monkeypatch.setattr(versions, "load_documents", real_load)
+        assert refresh(settings, corpus)["published"]
+        assert_same_index(live(url), want)

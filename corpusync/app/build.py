@@ -11,6 +11,7 @@ readers still see the base generation until the one publish transaction.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from corpusync.app.fanout import BatchResult, embed_batch
+from corpusync.app.fanout import BatchResult, EmbeddingCancelled, embed_batch
 from corpusync.app.pipeline import _quarantine, chunk_config, pipeline_fingerprint
 from corpusync.app.runtime import RefreshContext
 from corpusync.core import progress
@@ -49,6 +50,7 @@ from tasks.validate import Thresholds, ValidationOutcome, validate_chunks
 log = logging.getLogger("corpusync.refresh")
 
 _DONE = object()
+_Embedded = tuple[list[EmbeddedDocument], EmbedStats, float]  # a batch embedded, its counts, its seconds
 
 
 @dataclass
@@ -98,26 +100,39 @@ def step_build(ctx: RefreshContext, plan: DiffPlan) -> int | None:
 class EmbedAhead:
     """Embeds one batch on a thread of its own (with its own connection, for the vector cache) while the
     build's thread validates and loads the batch before it and chunks the next, so the model does not wait
-    for them. `submit(batch)` returns the previous batch, embedded (its vectors cached), so at most
-    two batches are held beyond the one being chunked. The candidate is written by the build's thread only."""
+    for them. `submit(batch)` returns the previous batch, embedded (its vectors cached), before the new one
+    starts: an error of the previous batch surfaces at once, and at most two batches are held beyond the one
+    being chunked. The candidate is written by the build's thread only. When the build fails (or is
+    interrupted) the batch in the model stops after its current model batch, whose vectors are kept."""
 
     def __init__(self, ctx: RefreshContext) -> None:
         self.ctx = ctx
         self._thread: ThreadPoolExecutor | None = None
         self._conn: psycopg.Connection | None = None
-        self._pending: Future[tuple[list[EmbeddedDocument], EmbedStats, float]] | None = None
+        self._pending: Future[_Embedded] | None = None
+        self._cancel = threading.Event()
 
     def __enter__(self) -> EmbedAhead:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is not None:  # on an error: a batch the model is on finishes (its vectors are kept)
-            self._thread.shutdown(wait=True, cancel_futures=True)
-        if self._conn is not None:
-            self._conn.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is not None:
+            self._cancel.set()
+        try:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True, cancel_futures=True)
+            pending = self._pending
+            failed = pending.exception() if pending is not None and not pending.cancelled() else None
+            if failed is not None and not isinstance(failed, EmbeddingCancelled):  # else lost behind the first
+                log.warning("the batch being embedded failed too: %s: %s", type(failed).__name__, failed)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
 
     def submit(self, batch: list[ChunkedDocument]) -> list[EmbeddedDocument]:
-        """Start embedding `batch`; returns the batch submitted before it, embedded ([] for the first)."""
+        """Start embedding `batch` once the previous one is done; returns that one ([] for the first)."""
+        previous, self._pending = self._pending, None
+        done = self._collect(previous)
         ctx = self.ctx
         model_id = _model(ctx)  # registered by the writer's connection, before the thread needs it
         if ctx.settings.validate_chunks:  # started by now unless the model runs in a process of its own
@@ -125,24 +140,24 @@ class EmbedAhead:
         if self._thread is None:
             self._conn = open_database(ctx.settings, migrate=False)
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corpusync-embed")
-        conn = self._conn
+        conn, cancel = self._conn, self._cancel
         assert conn is not None
 
-        def embed() -> tuple[list[EmbeddedDocument], EmbedStats, float]:
+        def embed() -> _Embedded:
             t0 = time.perf_counter()
-            embedded, stats = step_embed(ctx, conn, model_id, batch)
+            embedded, stats = step_embed(ctx, conn, model_id, batch, cancel)
             return embedded, stats, time.perf_counter() - t0
 
-        previous, self._pending = self._pending, self._thread.submit(embed)
-        return self._collect(previous)
+        # the flow run's context goes along: the thread's warnings reach the run's logs in Prefect
+        self._pending = self._thread.submit(contextvars.copy_context().run, embed)
+        return done
 
     def finish(self) -> list[EmbeddedDocument]:
         """The last batch submitted, embedded."""
         previous, self._pending = self._pending, None
         return self._collect(previous)
 
-    def _collect(self, future: Future[tuple[list[EmbeddedDocument], EmbedStats, float]] | None
-                 ) -> list[EmbeddedDocument]:
+    def _collect(self, future: Future[_Embedded] | None) -> list[EmbeddedDocument]:
         if future is None:
             return []
         embedded, stats, seconds = future.result()
@@ -274,11 +289,11 @@ def _load_embedded(ctx: RefreshContext, embedded: list[EmbeddedDocument], valida
     step_load_batch(ctx, passed)
 
 
-def step_embed(ctx: RefreshContext, conn: psycopg.Connection, model_id: int, chunked: list[ChunkedDocument]
-               ) -> tuple[list[EmbeddedDocument], EmbedStats]:
+def step_embed(ctx: RefreshContext, conn: psycopg.Connection, model_id: int, chunked: list[ChunkedDocument],
+               cancel: threading.Event | None = None) -> tuple[list[EmbeddedDocument], EmbedStats]:
     """Vectors for one batch (embed_batch) on `conn`. It runs on the embedding thread (EmbedAhead), so it
     books nothing in ctx: the caller does."""
-    return embed_batch(ctx.settings, conn, ctx.embedder, model_id, chunked, reembed=ctx.reembed)
+    return embed_batch(ctx.settings, conn, ctx.embedder, model_id, chunked, reembed=ctx.reembed, cancel=cancel)
 
 
 def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]

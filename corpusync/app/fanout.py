@@ -135,11 +135,16 @@ def _parse(settings: Settings, sources: list[SourceFile], timings: dict[str, flo
         return list(pool.parse_many(sources, ordered=True)), pool.memory_limit_problem
 
 
+class EmbeddingCancelled(Exception):
+    """The run failed elsewhere while this batch was embedding: it stopped after a model batch (kept)."""
+
+
 def embed_batch(settings: Settings, conn: psycopg.Connection, embedder: FlagEmbedder, model_id: int,
-                chunked: list[ChunkedDocument], *, reembed: bool = False
+                chunked: list[ChunkedDocument], *, reembed: bool = False, cancel: threading.Event | None = None
                 ) -> tuple[list[EmbeddedDocument], embed_stage.EmbedStats]:
     """Vectors for one batch: stored ones (the index, the vector cache) copied, the rest embedded and kept in
-    the vector cache batch by batch (committed at once: durable whatever happens to the run)."""
+    the vector cache batch by batch (committed at once: durable whatever happens to the run). Once `cancel`
+    is set, it stops after the model batch at hand, which is kept, raising EmbeddingCancelled."""
     identity = embedder.identity
     stored = (VectorTable.empty(identity.dimension, identity.sparse_trained) if reembed else
               vector_cache.stored_vectors(conn, model_id, (c.text_sha256 for d in chunked for c in d.chunks),
@@ -149,6 +154,8 @@ def embed_batch(settings: Settings, conn: psycopg.Connection, embedder: FlagEmbe
 
     def keep(hashes: list[str], out: embed_stage.EmbeddingOutput) -> None:
         vector_cache.cache_vectors(conn, model_id, hashes, out.dense, out.sparse, sparse_dim)
+        if cancel is not None and cancel.is_set():
+            raise EmbeddingCancelled("the build failed while this batch was embedding; what it embedded is kept")
 
     return embed_stage.embed_documents(
         chunked, embedder, stored, settings.embed_batch_tokens,

@@ -63,7 +63,10 @@ def refresh_if_unchanged(settings: Settings, source: Path, *, allow_mass_delete:
         plan = pipeline.step_diff(ctx, pipeline.step_discover(ctx))  # again, under the lock
         if plan.has_changes or plan.to_process:
             # the folder changed since the check: do the work here rather than leave the run half done
-            generation = build.step_build(ctx, plan)
+            try:
+                generation = build.step_build(ctx, plan)
+            finally:
+                pipeline.release_workers()
             pipeline.step_evaluate(ctx, generation)
             pipeline.step_publish(ctx, generation)
         else:
