@@ -93,6 +93,7 @@ def refresh(
 ) -> None:
     """Bring the index in step with SOURCE and publish a new generation if anything changed."""
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from corpusync.app import pipeline
     from corpusync.app.fastpath import refresh_if_unchanged
     from corpusync.core import progress
 
@@ -103,7 +104,6 @@ def refresh(
             settings, source, allow_mass_delete=allow_mass_delete, skip_gate=skip_gate)
         if summary is None:
             from corpusync.adapters.embedders import build_embedder
-            from corpusync.app import pipeline
             from corpusync.core import prefect_local
 
             # torch, FlagEmbedding and the model load from now on (the longest wait of a small refresh), in a
@@ -130,9 +130,7 @@ def refresh(
             finally:
                 embedder.close_host()
     finally:  # this process ends here: the validation worker has no next refresh to wait for (and the
-        from corpusync.app import pipeline as app  # exit, which joins threads, would wait out its linger)
-
-        app.stop_workers()
+        pipeline.stop_workers()  # exit, which joins threads, would wait out its linger)
     code = 1 if summary["status"] == "refused" else 0
     if as_json:
         reason = summary.get("message") or ("nothing changed" if summary["status"] == "no_changes" else "")

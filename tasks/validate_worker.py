@@ -28,9 +28,9 @@ log = logging.getLogger("corpusync.validate")
 _lock = threading.Lock()
 _worker: _SuiteWorker | None = None
 _idle: threading.Timer | None = None
-# How long a released worker waits for the next refresh of the same process (a Python caller, a test session,
-# a Dask worker) before it exits: a new one costs ~4.5 s of CPU for great_expectations' import. A CLI
-# refresh's process exits sooner, and the worker with it.
+# How long a released worker waits for the next refresh of the same process (a Python caller, a test session)
+# before it exits: a new one costs ~4.5 s of CPU for great_expectations' import. The CLI stops it as its
+# refresh command ends.
 LINGER_S = 60.0
 
 
@@ -94,7 +94,7 @@ def release(linger_s: float = LINGER_S) -> None:
     with _lock:
         _keep()
         if _worker is not None:
-            _idle = threading.Timer(linger_s, _stop_if_idle, args=(_worker,))
+            _idle = threading.Timer(linger_s, _stop_if_idle)
             _idle.daemon = True
             _idle.name = "corpusync-validate-linger"
             _idle.start()
@@ -118,13 +118,14 @@ def _keep() -> None:
         _idle = None
 
 
-def _stop_if_idle(worker: _SuiteWorker) -> None:
+def _stop_if_idle() -> None:
     global _worker, _idle
     with _lock:
-        if _idle is not threading.current_thread() or _worker is not worker:
-            return  # started again (and maybe released again) since this timer was armed
-        _worker, _idle = None, None
-    worker.close()
+        if _idle is not threading.current_thread():
+            return  # started, stopped or released again since this timer was armed (each disarms it)
+        worker, _worker, _idle = _worker, None, None
+    if worker is not None:
+        worker.close()
 
 
 def suite() -> Any:

@@ -198,7 +198,7 @@ def stop_workers() -> None:
 
 def release_workers() -> None:
     """Let go of what warm_up started in other processes: the validation worker stays a minute for this
-    process's next refresh (tasks/validate_worker.py), then exits; a CLI refresh's process ends first."""
+    process's next refresh (tasks/validate_worker.py), then exits; the CLI stops it as its command ends."""
     validate_worker.release()
 
 
