@@ -95,9 +95,17 @@ def kill_at(home: Path, src: Path, cached: int) -> tuple[int, float]:
     return seen, time.perf_counter() - t0
 
 
+def _files(src: Path) -> list[Path]:
+    """The corpus's files, whatever their format (an export writes .txt, or .md with --markdown)."""
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    if len(files) < 100:
+        raise SystemExit(f"{src}: {len(files)} files; the bench changes 1% of them, so it needs at least 100")
+    return files
+
+
 def change_one_percent(src: Path, tag: str) -> None:
     """1% of the files get a new sentence (new text for the model)."""
-    files = sorted(p for p in src.rglob("*.txt"))
+    files = _files(src)
     for i, p in enumerate(files[:: 100]):
         p.write_text(p.read_text(encoding="utf-8") + f"\n\n{tag} note {i}: this passage was revised.\n",
                      encoding="utf-8")
@@ -106,7 +114,7 @@ def change_one_percent(src: Path, tag: str) -> None:
 def rotate(src: Path, share: float) -> dict[Path, str]:
     """The fault: `share` of the files get another file's content (every text already known to the model).
     Returns the originals, to put back."""
-    files = sorted(p for p in src.rglob("*.txt"))[1::int(1 / share)]
+    files = _files(src)[1::int(1 / share)]
     originals = {p: p.read_text(encoding="utf-8") for p in files}
     texts = list(originals.values())
     for p, text in zip(files, texts[1:] + texts[:1], strict=True):

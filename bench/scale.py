@@ -84,16 +84,41 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
     return counts
 
 
-def _tree_rss(root: psutil.Process) -> tuple[int, int]:
-    """(RSS of the whole tree less PostgreSQL, RSS of the refresh process itself)."""
-    total = 0
+ROLES = ("refresh", "model server", "Prefect server", "validation worker", "parse workers", "other")
+
+
+def _role(p: psutil.Process, root: psutil.Process, seen: dict[int, str]) -> str:
+    """What a process of the tree is: by its command line, and for the pools' spawned workers by the native
+    libraries they loaded (PyMuPDF: a parse worker; great_expectations' SQLAlchemy: the validation worker)."""
+    if p.pid == root.pid:
+        return "refresh"
+    if p.pid in seen:
+        return seen[p.pid]
+    cmd = " ".join(p.cmdline())
+    role = ("model server" if "model_serving" in cmd else "Prefect server" if "uvicorn" in cmd or "prefect_local" in cmd
+            else "other")
+    if "spawn_main" in cmd:
+        try:
+            maps = Path(f"/proc/{p.pid}/maps").read_text()
+        except OSError:
+            maps = ""
+        if "mupdf" not in maps and "sqlalchemy" not in maps:
+            return "parse workers"  # a young worker, not settled yet: asked again next time
+        role = "parse workers" if "mupdf" in maps else "validation worker"  # the latter imported GE's sqlalchemy
+    seen[p.pid] = role
+    return role
+
+
+def _tree_rss(root: psutil.Process, seen: dict[int, str]) -> dict[str, int]:
+    """RSS by role over the tree, PostgreSQL left out (its shared buffers are not the pipeline's)."""
+    by = dict.fromkeys(ROLES, 0)
     for p in [root, *root.children(recursive=True)]:
         try:
             if "postgres" not in p.name():
-                total += p.memory_info().rss
+                by[_role(p, root, seen)] += p.memory_info().rss
         except psutil.Error:
             continue
-    return total, root.memory_info().rss
+    return by
 
 
 @dataclass
@@ -101,6 +126,7 @@ class Build:
     wall: float
     peak_mb: float  # the process tree (refresh, parse workers, validation worker, Prefect's server)
     peak_main_mb: float  # the refresh process
+    peak_roles_mb: dict[str, float]  # each role's own peak (they need not peak together)
     timings: dict[str, float]
     chunks: dict[str, int]
 
@@ -109,20 +135,25 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CORPUSYNC_PARSE_WORKERS=str(workers),
                CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"))
     env.pop("PREFECT_API_URL", None)
+    env["PREFECT_HOME"] = str(home / "prefect")  # its own API server and database, in the tree measured
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home),
                              "refresh", str(corpus), "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    peak = peak_main = 0
+    peak = 0
+    roles = dict.fromkeys(ROLES, 0)
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak, peak_main
+        nonlocal peak
         root = psutil.Process(proc.pid)
+        seen: dict[int, str] = {}
         while not done.is_set():
             try:
-                tree, main = _tree_rss(root)
-                peak, peak_main = max(peak, tree), max(peak_main, main)
+                by = _tree_rss(root, seen)
+                peak = max(peak, sum(by.values()))
+                for k, v in by.items():
+                    roles[k] = max(roles[k], v)
             except psutil.Error:
                 pass
             time.sleep(0.2)
@@ -138,7 +169,8 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     if proc.returncode != 0:
         raise SystemExit(f"refresh failed ({proc.returncode}):\n{err[-3000:]}")
     summary = json.loads(out)
-    return Build(wall, peak / 2**20, peak_main / 2**20, summary["timings"], summary["chunks"])
+    return Build(wall, peak / 2**20, roles["refresh"] / 2**20, {k: v / 2**20 for k, v in roles.items()},
+                 summary["timings"], summary["chunks"])
 
 
 def main() -> None:
@@ -164,14 +196,17 @@ def main() -> None:
                       f"wall {r.wall:.1f} s, peak RSS {r.peak_mb:.0f} MB (tree), {r.peak_main_mb:.0f} MB "
                       "(refresh process), stages "
                       + ", ".join(f"{k} {v:.1f}" for k, v in t.items() if v >= 0.05)
-                      + f"; chunks {r.chunks}", flush=True)
+                      + f"; chunks {r.chunks}; peak RSS by role (MB): "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in r.peak_roles_mb.items()), flush=True)
     by = {(s, w): r for s, w, _, r in rows}
     if len(sizes) > 1:
         for w in workers:
             small, large = by[(min(sizes), w)], by[(max(sizes), w)]
             print(f"{w} worker(s): peak RSS at {max(sizes)} / at {min(sizes)} documents = "
                   f"{large.peak_mb / small.peak_mb:.2f}x (tree), {large.peak_main_mb / small.peak_main_mb:.2f}x "
-                  "(refresh process)")
+                  "(refresh process); by role: "
+                  + ", ".join(f"{k} {large.peak_roles_mb[k] / small.peak_roles_mb[k]:.2f}x"
+                              for k in ROLES if small.peak_roles_mb[k] > 0))
     if 1 in workers and 2 in workers:
         for s in sizes:
             one, two = by[(s, 1)], by[(s, 2)]
