@@ -164,8 +164,9 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     wall = time.perf_counter() - t0
     done.set()
     sampler.join()
-    subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home), "db", "stop"],
-                   cwd=REPO, env=env, capture_output=True)
+    for server in ("api", "model", "db"):  # nothing of this build lingers into the next (or the clean-up)
+        subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home), server,
+                        "stop"], cwd=REPO, env=env, capture_output=True)
     if proc.returncode != 0:
         raise SystemExit(f"refresh failed ({proc.returncode}):\n{err[-3000:]}")
     summary = json.loads(out)

@@ -45,7 +45,11 @@ Result = ParsedDocument | ParseError
 
 log = logging.getLogger(__name__)
 
-MAX_TASKS_PER_WORKER = 500  # page counts included (a task each): a worker is replaced after 250-500 documents
+# Tasks (page counts included, a task each) after which pebble replaces a worker: a backstop against leaks
+# that the per-document clean-up (_release_freed_memory) and the memory limit do not catch. A replacement costs
+# ~1.3 s (spawn, imports, warm-up); at 500 that was 13% of a text-PDF pass (bench/parse_pool.py) and a restart
+# every ~2.5 s of Markdown passages; at 10,000 it is under 2% even for 5 ms documents.
+MAX_TASKS_PER_WORKER = 10_000
 MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of days
 PROBE_TIMEOUT_S = 60.0  # counting pages opens the file, nothing more
 STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task

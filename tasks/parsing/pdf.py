@@ -123,15 +123,26 @@ def _page_blocks(page: Any) -> list[tuple[tuple[float, float, float, float], str
         if b.get("type") != 0:
             continue
         lines: list[str] = []
-        by_size: Counter[float] = Counter()
+        by_size: dict[float, int] = {}  # exact sizes: rounded once per block, not once per span (a hot loop)
         for line in b["lines"]:
-            lines.append("".join(span["text"] for span in line["spans"]))
-            for span in line["spans"]:
-                by_size[round(span["size"], 1)] += len(span["text"].strip())
+            spans = line["spans"]
+            texts = [span["text"] for span in spans]
+            lines.append("".join(texts))
+            for span, t in zip(spans, texts, strict=True):
+                size = span["size"]
+                by_size[size] = by_size.get(size, 0) + len(t.strip())
         text = "\n".join(lines)
         if text.strip():
-            out.append((tuple(b["bbox"]), text, by_size.most_common(1)[0][0] if by_size else 0.0))
+            out.append((tuple(b["bbox"]), text, _dominant_size(by_size)))
     return out
+
+
+def _dominant_size(by_size: dict[float, int]) -> float:
+    """The font size (to 0.1 pt) that covers most characters; the first seen wins a tie (0.0: no span)."""
+    rounded: Counter[float] = Counter()
+    for size, n in by_size.items():
+        rounded[round(size, 1)] += n
+    return rounded.most_common(1)[0][0] if rounded else 0.0
 
 
 def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDocument:
