@@ -6,12 +6,13 @@ it holds N documents. A copy is parsed, chunked, validated and loaded like any d
 copied from the first, not re-embedded (as in any corpus with duplicates). Each build is
 `corpusync refresh FOLDER --json` in a fresh process and a fresh home (its own embedded PostgreSQL), with
 CORPUSYNC_PARSE_WORKERS set; the process tree (refresh, parse workers, the validation worker, Prefect's API
-server; not PostgreSQL) is sampled every 0.2 s for its summed RSS.
+server, the model server; not PostgreSQL) is sampled every 0.2 s for its summed RSS and each role's own RSS.
 
     python bench/scale.py --sizes 1000,10000 --workers 1,2
 
-Prints one row per (size, workers): wall s, the run's stage timings, peak tree RSS, and the ratios that
-matter: RSS at the largest size over the smallest (streaming: ~1), parse throughput with 2 workers over 1.
+Prints one row per (size, workers): wall s, the run's stage timings, peak tree RSS, each role's peak RSS, and
+the ratios that matter: RSS at the largest size over the smallest (streaming: ~1; overall and by role), parse
+throughput with 2 workers over 1.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ import pytest
 from corpusync.adapters.ocr import OcrLine, lines_to_paragraphs
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
+from schemas.settings import Settings
 from tasks.parse import ParseOptions, ocr_reason, parse_document, strip_running_lines
-from tasks.parse_worker import ParseWorker
+from tasks.parse_worker import ParsePool, ParseWorker
 from tests.conftest import TEST_DATA
 from tests.faults import crashing_parser
 
@@ -45,8 +46,11 @@ def source(path: Path, rel: str | None = None) -> SourceFile:
 
 @pytest.fixture(scope="module")
 def worker():  # type: ignore[no-untyped-def]
-    """One isolated worker for the module (OCR models load once), as in a refresh."""
-    with ParseWorker(ParseOptions(), timeout_s=300, memory_mb=8192) as w:
+    """One isolated worker for the module (OCR models load once), with a refresh's default deadlines: a base
+    plus a share per page (a fixed 300 s stopped the OCR of a 23-page scan on 2 busy cores)."""
+    fields = Settings.model_fields
+    with ParsePool(ParseOptions(), workers=1, timeout_s=fields["parse_timeout_s"].default,
+                   timeout_per_page_s=fields["parse_timeout_per_page_s"].default, memory_mb=8192) as w:
         yield w
 
 
@@ -59,7 +63,7 @@ REUSED = {"pdfplumber-test-pdfs/zh/pr-136-example.pdf", "pdfplumber-test-pdfs/zh
 
 
 @pytest.fixture(scope="module")
-def parsed(worker: ParseWorker) -> Callable[[str], ParsedDocument]:
+def parsed(worker: ParsePool) -> Callable[[str], ParsedDocument]:
     """The worker's parse of a corpus file (path relative to CORPUS), once per module for REUSED files."""
     kept: dict[str, ParsedDocument | ParseError] = {}
 
@@ -152,7 +156,7 @@ def test_geotopo_headers_removed_and_closer_to_ground_truth_than_raw(parsed: Cal
     assert Levenshtein.normalized_similarity(ours, truth) > Levenshtein.normalized_similarity(raw, truth)
 
 
-def test_big_docx_and_office_tables(worker: ParseWorker, parsed: Callable[[str], ParsedDocument]) -> None:
+def test_big_docx_and_office_tables(worker: ParsePool, parsed: Callable[[str], ParsedDocument]) -> None:
     handbook = parsed("unstructured-example-docs/handbook-872p.docx")
     assert len(text_of(handbook)) > 500_000 and any(b.kind == "title" for b in handbook.blocks)
     xlsx = worker.parse(source(CORPUS / "docling-test-data/xlsx/sources/xlsx_01.xlsx"))
