@@ -16,6 +16,7 @@ from tasks.diff import diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
 from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
+from tasks.parsing.pdf import _dominant_size
 from tasks.publish import check_mass_delete
 
 
@@ -136,6 +137,24 @@ def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:
     assert parsed.page_count == 3
     assert [b.page for b in parsed.blocks] == [1, 2, 3]
     assert parsed.parser == "pymupdf"
+
+
+def test_pdf_headings_by_dominant_font_size(tmp_path: Path) -> None:
+    # 10.02 pt and 9.98 pt are both 10.0 to a tenth: together they outweigh 14 pt; a tie goes to the first seen
+    assert _dominant_size({14.0: 8, 10.02: 5, 9.98: 5}) == 10.0
+    assert _dominant_size({12.0: 3, 9.0: 3}) == 12.0 and _dominant_size({}) == 0.0
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 72), "Annual Report", fontsize=20)
+    for i in range(12):
+        page.insert_text((72, 140 + 16 * i), f"Line {i} of the body text, set in the body's size.", fontsize=11)
+    path = tmp_path / "report.pdf"
+    doc.save(path)
+    data = path.read_bytes()
+    parsed = parse_document(SourceFile("report.pdf", path, len(data), datetime.now(UTC),
+                                       hashlib.sha256(data).hexdigest()), ParseOptions(max_bytes=1 << 20))
+    assert [(b.kind, b.text, b.level) for b in parsed.blocks if b.kind == "title"] == [("title", "Annual Report", 1)]
+    assert "Line 11 of the body text" in parsed.blocks[-1].text
 
 
 @pytest.mark.parametrize(("text", "tag"), [
