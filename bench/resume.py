@@ -96,7 +96,7 @@ def kill_at(home: Path, src: Path, cached: int) -> tuple[int, float]:
 
 
 def _files(src: Path) -> list[Path]:
-    """The corpus's files, whatever their format (an export writes .txt, or .md with --markdown)."""
+    """The corpus's files, whatever their format (an export writes .txt; the peers' corpus is the same as .md)."""
     files = sorted(p for p in src.rglob("*") if p.is_file())
     if len(files) < 100:
         raise SystemExit(f"{src}: {len(files)} files; the bench changes 1% of them, so it needs at least 100")

@@ -63,8 +63,8 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
     for name in GOLDSETS:
         out = work / f"export-{name}"
         if not out.exists():
-            subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "goldset", "export",
-                            str(SHARED / "goldsets" / name), str(out)], check=True, capture_output=True, cwd=REPO)
+            subprocess.run([*CLI, "goldset", "export", str(SHARED / "goldsets" / name), str(out)], check=True,
+                           capture_output=True, cwd=REPO)
         passages += sorted(out.glob("*.txt"))
     pdfs = _text_pdfs()
     counts = {"passages": 0, "pdfs": 0, "copies": 0}
@@ -83,6 +83,9 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
         counts["copies"] += 1
         i += 1
     return counts
+
+
+CLI = [sys.executable, "-c", "from corpusync import cli; cli.run()"]  # the CLI as its entry point runs it
 
 
 ROLES = ("refresh", "model server", "Prefect server", "validation worker", "parse workers", "other")
@@ -126,7 +129,6 @@ def _tree_rss(root: psutil.Process, seen: dict[int, str]) -> dict[str, int]:
 class Build:
     wall: float
     peak_mb: float  # the process tree (refresh, parse workers, validation worker, Prefect's server)
-    peak_main_mb: float  # the refresh process
     peak_roles_mb: dict[str, float]  # each role's own peak (they need not peak together)
     timings: dict[str, float]
     chunks: dict[str, int]
@@ -138,9 +140,8 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     env.pop("PREFECT_API_URL", None)
     env["PREFECT_HOME"] = str(home / "prefect")  # its own API server and database, in the tree measured
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home),
-                             "refresh", str(corpus), "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*CLI, "--home", str(home), "refresh", str(corpus), "--json"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     roles = dict.fromkeys(ROLES, 0)
     done = threading.Event()
@@ -166,13 +167,12 @@ def build(corpus: Path, home: Path, workers: int) -> Build:
     done.set()
     sampler.join()
     for server in ("api", "model", "db"):  # nothing of this build lingers into the next (or the clean-up)
-        subprocess.run([sys.executable, "-c", "from corpusync import cli; cli.run()", "--home", str(home), server,
-                        "stop"], cwd=REPO, env=env, capture_output=True)
+        subprocess.run([*CLI, "--home", str(home), server, "stop"], cwd=REPO, env=env, capture_output=True)
     if proc.returncode != 0:
         raise SystemExit(f"refresh failed ({proc.returncode}):\n{err[-3000:]}")
     summary = json.loads(out)
-    return Build(wall, peak / 2**20, roles["refresh"] / 2**20, {k: v / 2**20 for k, v in roles.items()},
-                 summary["timings"], summary["chunks"])
+    return Build(wall, peak / 2**20, {k: v / 2**20 for k, v in roles.items()}, summary["timings"],
+                 summary["chunks"])
 
 
 def main() -> None:
@@ -195,8 +195,7 @@ def main() -> None:
                 t = r.timings
                 print(f"{size:>6} docs ({counts['passages']} passages, {counts['pdfs']} PDF copies, {counts['copies']} "
                       f"passage copies), {w} parse worker(s): "
-                      f"wall {r.wall:.1f} s, peak RSS {r.peak_mb:.0f} MB (tree), {r.peak_main_mb:.0f} MB "
-                      "(refresh process), stages "
+                      f"wall {r.wall:.1f} s, peak RSS {r.peak_mb:.0f} MB (tree), stages "
                       + ", ".join(f"{k} {v:.1f}" for k, v in t.items() if v >= 0.05)
                       + f"; chunks {r.chunks}; peak RSS by role (MB): "
                       + ", ".join(f"{k} {v:.0f}" for k, v in r.peak_roles_mb.items()), flush=True)
@@ -205,8 +204,7 @@ def main() -> None:
         for w in workers:
             small, large = by[(min(sizes), w)], by[(max(sizes), w)]
             print(f"{w} worker(s): peak RSS at {max(sizes)} / at {min(sizes)} documents = "
-                  f"{large.peak_mb / small.peak_mb:.2f}x (tree), {large.peak_main_mb / small.peak_main_mb:.2f}x "
-                  "(refresh process); by role: "
+                  f"{large.peak_mb / small.peak_mb:.2f}x (tree); by role: "
                   + ", ".join(f"{k} {large.peak_roles_mb[k] / small.peak_roles_mb[k]:.2f}x"
                               for k in ROLES if small.peak_roles_mb[k] > 0))
     if 1 in workers and 2 in workers:
