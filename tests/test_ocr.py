@@ -4,9 +4,14 @@ onnxruntime settings (memory arena on, threads that sleep instead of spinning)."
 
 from __future__ import annotations
 
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+
 import numpy as np
 import pymupdf
 import pytest
+from PIL import Image
 
 from corpusync.adapters.ocr import (
     OcrLine,
@@ -16,6 +21,8 @@ from corpusync.adapters.ocr import (
     lines_to_paragraphs,
     recognise_page,
 )
+from schemas.records import ParseOptions, SourceFile
+from tasks.parse import parse_document
 from tests.conftest import TEST_DATA
 
 LETTER = "pdfplumber-test-pdfs/zh/pr-136-example"
@@ -126,3 +133,19 @@ def test_rapidocr_sessions_use_the_arena_and_do_not_spin() -> None:
         opts = model.session.session.get_session_options()
         assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         assert opts.enable_cpu_mem_arena and opts.intra_op_num_threads == engine.threads
+
+
+@pytest.mark.slow
+def test_a_multi_frame_image_past_the_page_cap_records_the_frames_it_skipped(letter_page: np.ndarray,
+                                                                             tmp_path: Path) -> None:
+    """A scanned fax (TIFF, a frame per page) with more frames than CORPUSYNC_OCR_MAX_PAGES: the first frames
+    are OCRed, the others counted and recorded, not silently dropped."""
+    frames = [Image.fromarray(letter_page), Image.fromarray(letter_page[::2, ::2].copy()), Image.new("RGB", (80, 60))]
+    path = tmp_path / "fax.tiff"
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    data = path.read_bytes()
+    src = SourceFile("fax.tiff", path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
+    doc = parse_document(src, ParseOptions(ocr_max_pages=1))
+    assert doc.page_count == 3 and [p["page"] for p in doc.metadata["ocr_pages"]] == [1]
+    assert doc.metadata["ocr_skipped_pages"] == [2, 3]
+    assert "天健会计师事务所" in "".join(b.text for b in doc.blocks)

@@ -44,34 +44,52 @@ def source(path: Path, rel: str | None = None) -> SourceFile:
     return SourceFile(rel or path.name, path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())
 
 
+def _pool(options: ParseOptions) -> ParsePool:
+    """An isolated worker with a refresh's default deadlines: a base plus a share per page (a fixed 300 s
+    stopped the OCR of a 23-page scan on 2 busy cores)."""
+    fields = Settings.model_fields
+    return ParsePool(options, workers=1, timeout_s=fields["parse_timeout_s"].default,
+                     timeout_per_page_s=fields["parse_timeout_per_page_s"].default, memory_mb=8192)
+
+
 @pytest.fixture(scope="module")
 def worker():  # type: ignore[no-untyped-def]
-    """One isolated worker for the module (OCR models load once), with a refresh's default deadlines: a base
-    plus a share per page (a fixed 300 s stopped the OCR of a 23-page scan on 2 busy cores)."""
-    fields = Settings.model_fields
-    with ParsePool(ParseOptions(), workers=1, timeout_s=fields["parse_timeout_s"].default,
-                   timeout_per_page_s=fields["parse_timeout_per_page_s"].default, memory_mb=8192) as w:
+    """One worker for the module (OCR models load once), OCRing every page."""
+    with _pool(ParseOptions()) as w:
         yield w
 
 
-# Files the tests after the every-file test read again: kept from its parse (OCR of the scanned letter and
-# book alone takes ~50 s on 2 cores; the handbook and the GeoTopo book ~30 s more).
+# Files the tests after the every-file test read again: parsed in full by `worker` and kept from the sweep's
+# parse (OCR of the scanned letter and book alone takes ~50 s on 2 cores; the handbook and the GeoTopo book
+# ~30 s more).
 REUSED = {"pdfplumber-test-pdfs/zh/pr-136-example.pdf", "pdfplumber-test-pdfs/zh/pr-136-example-p1-2.pdf",
           "mineru-demo/pdfs/small_ocr.pdf", "unstructured-example-docs/handbook-872p.docx",
           "py-pdf-read-benchmark/pdfs/GeoTopo-komprimiert.pdf",
           "py-pdf-read-benchmark/pdfs/GeoTopo-komprimiert-p4-24.pdf"}
+# The sweep OCRs at most this many pages of any other document (CORPUSYNC_OCR_MAX_PAGES, its skipped pages
+# recorded): a further page of the same scan runs no other code, and the scans' full OCR took two thirds of
+# the module's time in the full suite (23 pages of TAMReview.pdf: 490 s on 2 busy cores). The REUSED scans
+# are OCRed in full, and a 300-page scan in bench/long_scan.py.
+SWEEP_OCR_PAGES = 2
 
 
 @pytest.fixture(scope="module")
-def parsed(worker: ParsePool) -> Callable[[str], ParsedDocument]:
-    """The worker's parse of a corpus file (path relative to CORPUS), once per module for REUSED files."""
+def sweep_worker():  # type: ignore[no-untyped-def]
+    with _pool(ParseOptions(ocr_max_pages=SWEEP_OCR_PAGES)) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def parsed(worker: ParsePool, sweep_worker: ParsePool) -> Callable[[str], ParsedDocument]:
+    """A corpus file's parse (path relative to CORPUS): REUSED files in full, once per module; the others
+    with the sweep's OCR page cap."""
     kept: dict[str, ParsedDocument | ParseError] = {}
 
     def parse(rel: str) -> ParsedDocument:
         result = kept.get(rel)
         if result is None:
             try:
-                result = worker.parse(source(CORPUS / rel, rel))
+                result = (worker if rel in REUSED else sweep_worker).parse(source(CORPUS / rel, rel))
             except ParseError as exc:
                 result = exc
             if rel in REUSED:
@@ -108,8 +126,13 @@ def test_every_corpus_file_parses_or_is_quarantined_with_reason(parsed: Callable
     text = text_of(doc)
     assert sensible(text), f"{rel}: {text[:200]!r}"
     assert doc.parser and doc.parser_version
-    for p in doc.metadata.get("ocr_pages", []):
+    ocred = doc.metadata.get("ocr_pages", [])
+    for p in ocred:
         assert p["engine"].startswith("rapidocr") and 0.0 <= p["confidence"] <= 1.0
+    skipped = doc.metadata.get("ocr_skipped_pages", [])
+    if skipped:  # past the cap: recorded, and every page before it OCRed
+        assert rel not in REUSED and len(ocred) == SWEEP_OCR_PAGES, (rel, ocred, skipped)
+        assert set(skipped).isdisjoint(p["page"] for p in ocred) and max(skipped) <= doc.page_count
 
 
 def _cjk(text: str) -> int:
@@ -256,3 +279,19 @@ def test_pdf_font_size_headings_become_titles(tmp_path: Path) -> None:
     parsed = parse_document(source(tmp_path / "terms.pdf"), ParseOptions())
     titles = [(b.text, b.level) for b in parsed.blocks if b.kind == "title"]
     assert titles == [("Payment Terms", 1), ("Delivery", 2)]
+
+
+def test_pages_past_the_ocr_cap_keep_only_a_trustworthy_text_layer(tmp_path: Path) -> None:
+    """With CORPUSYNC_OCR_MAX_PAGES reached, a page whose text layer cannot be trusted (here spaced out, as
+    garbage glyphs are) is recorded as skipped and indexes nothing; TAMReview.pdf's glyph soup was indexed."""
+    doc = pymupdf.open()
+    spaced = " ".join("The buyer pays the seller within thirty days of the invoice")
+    for i in range(2):
+        doc.new_page().insert_text((72, 72), f"{spaced} {i}", fontsize=11)
+    doc.new_page().insert_text((72, 72), "A normal page of text that needs no OCR at all, in plain words.")
+    doc.save(tmp_path / "spaced.pdf")
+    parsed = parse_document(source(tmp_path / "spaced.pdf"), ParseOptions(ocr_max_pages=1))
+    assert [p["page"] for p in parsed.metadata["ocr_pages"]] == [1]
+    assert parsed.metadata["ocr_skipped_pages"] == [2] and 2 in parsed.metadata["pages_without_text"]
+    assert [b.page for b in parsed.blocks if b.page != 1] == [3]
+    assert not any("T h e" in b.text for b in parsed.blocks)

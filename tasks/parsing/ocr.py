@@ -94,8 +94,11 @@ def _parse_image(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedD
     if not blocks:
         raise ParseError(src.path, "no-text", "OCR found no text in the image")
     engine = record[0]["engine"].split(" ", 1)
+    total = max(getattr(img, "n_frames", frames), frames)  # frames past ocr_max_pages: counted and recorded
+    metadata: dict = {"ocr_pages": record, "low_confidence_pages": [r["page"] for r in record if r["low_confidence"]]}
+    if total > frames:
+        metadata["ocr_skipped_pages"] = list(range(frames + 1, total + 1))
     return ParsedDocument(
         src, blocks, parser="ocr", parser_version=engine[1], media_type=Image.MIME.get(img.format or "", "image"),
-        page_count=frames, ocr_engine=engine[0], ocr_engine_version=engine[1],
-        metadata={"ocr_pages": record, "low_confidence_pages": [r["page"] for r in record if r["low_confidence"]]},
+        page_count=total, ocr_engine=engine[0], ocr_engine_version=engine[1], metadata=metadata,
     )

@@ -198,8 +198,11 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         if chars > options.max_chars:
                             raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
                         continue
-                    else:
+                    else:  # past ocr_max_pages: only another OCR's invisible layer is worth keeping
                         skipped_ocr.append(number)
+                        if reason != "scanned-image":
+                            pages.append([])
+                            continue
                 chars += len(full)
                 if chars > options.max_chars:
                     raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
