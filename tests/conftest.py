@@ -23,6 +23,10 @@ os.environ.setdefault("CORPUSYNC_EMBEDDER", "minilm")
 os.environ.setdefault("CORPUSYNC_LOCAL_API_LINGER_S", "0")
 # Likewise its model: loaded by the command, not left in a shared server (tests/test_model_server.py tests that)
 os.environ.setdefault("CORPUSYNC_MODEL_LINGER_S", "0")
+# One parse worker per refresh (the default is one per CPU): a worker's start, ~2 s of CPU on 2 cores, paid by
+# every refresh of the suite. Pools of several workers: tests/test_parse_pool.py, and the fault campaign's
+# refreshes (bench/faults.py keeps the default).
+os.environ.setdefault("CORPUSYNC_PARSE_WORKERS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"

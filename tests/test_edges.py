@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench.faults import invariants
 from corpusync.cli import main
 from corpusync.core.errors import CorpusyncError
 from corpusync.store import db
@@ -102,13 +103,16 @@ KILL_AFTER_PUBLISH = """
 import os, signal, sys
 import corpusync.app.runtime as runtime
 runtime._finish = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # dies right after publish commits
+from bench.faults import invariants
 from corpusync.cli import main
 main(["refresh", sys.argv[1], "-q"])
 """
 
 
 def test_a_kill_between_publish_and_finish_records_the_run_as_published(  # type: ignore[no-untyped-def]
-        prefect_harness, settings, corpus: Path, conn) -> None:
+        prefect_harness, settings, corpus: Path, conn, db_url: str) -> None:
+    """The point of the fault campaign's `finish:start` kill (its full form; the reduced form leaves it to
+    this test)."""
     from prefect.settings import PREFECT_API_URL
 
     proc = subprocess.run([sys.executable, "-c", KILL_AFTER_PUBLISH, str(corpus)], cwd=REPO,
@@ -121,6 +125,9 @@ def test_a_kill_between_publish_and_finish_records_the_run_as_published(  # type
     assert row[:3] == ("published", 1, True), row
     assert "after publishing generation 1" in row[3]
     assert "recovered" not in (summary["message"] or ""), "nothing was discarded"
+    # the fault campaign's invariants (no duplicate, orphan or unpublished row), as after its kill rounds
+    broken = {k: v for k, v in invariants(db_url, settings.retention_generations).items() if v}
+    assert not broken, broken
 
 
 def test_sigkill_of_the_refresh_does_not_orphan_prefects_api_server(settings, corpus: Path) -> None:  # type: ignore[no-untyped-def]

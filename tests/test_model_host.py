@@ -126,7 +126,10 @@ def test_model_errors_cross_as_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.db
 @pytest.mark.flow
-def test_a_cli_refresh_never_imports_torch_in_its_own_process(settings, corpus: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_cli_refresh_never_imports_torch_in_its_own_process(prefect_harness, settings,  # type: ignore[no-untyped-def]
+                                                              corpus: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
     # and its validation worker is stopped as the command ends (the exit would wait out the worker's linger)
     code = ("import sys, json\n"
             "from corpusync import cli\n"
@@ -135,7 +138,8 @@ def test_a_cli_refresh_never_imports_torch_in_its_own_process(settings, corpus: 
             "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules,"
             " 'transformers': 'transformers' in sys.modules, 'validation': validate_worker._worker is not None}))\n")
     env = {**os.environ, "CORPUSYNC_DATABASE_URL": settings.database_dsn(),
-           "CORPUSYNC_CHUNK_MAX_TOKENS": str(settings.chunk_max_tokens)}
+           "CORPUSYNC_CHUNK_MAX_TOKENS": str(settings.chunk_max_tokens),
+           "PREFECT_API_URL": str(PREFECT_API_URL.value())}  # the session's API, not one of its own
     proc = subprocess.run([sys.executable, "-c", code, "--home", str(settings.home), "refresh", str(corpus), "--json",
                            "-q"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -196,12 +196,13 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_refresh_and_queries_reuse_the_server_and_model_stop_ends_it(  # type: ignore[no-untyped-def]
-        settings, tmp_path: Path) -> None:
+        prefect_harness, settings, tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
     corpus = small_corpus(tmp_path / "corpus")
     env = dict(os.environ, CORPUSYNC_DATABASE_URL=settings.database_dsn(), CORPUSYNC_HOME=str(settings.home),
                CORPUSYNC_CHUNK_MAX_TOKENS=str(settings.chunk_max_tokens), CORPUSYNC_MODEL_LINGER_S="120",
-               PREFECT_LOGGING_LEVEL="WARNING")
-    env.pop("PREFECT_API_URL", None)
+               PREFECT_LOGGING_LEVEL="WARNING", PREFECT_API_URL=str(PREFECT_API_URL.value()))  # the session's API
 
     def servers() -> list[dict[str, Any]]:
         return list(json.loads(_cli(env, "model", "status", "--json").stdout))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +16,33 @@ from pgvector import HalfVector
 from evaluation.fusion import Fusion, fuse
 from evaluation.goldsets import load_goldset
 from query.search import Searcher
+from tests.conftest import make_settings, new_database
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def sample(prefect_harness, settings, tmp_path: Path, embedder) -> Any:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def sample(prefect_harness, pg_server: str, template_db: str,  # type: ignore[no-untyped-def]
+           tmp_path_factory: pytest.TempPathFactory, embedder) -> Iterator[Any]:
+    """The sample indexed once for the module (its OCR and embedding are most of a test): each test adds only
+    fusions and a refused generation, which the other test does not read."""
     from flows.refresh import refresh
 
-    corpus = tmp_path / "sample"
+    folder = tmp_path_factory.mktemp("tune-sample")
+    corpus = folder / "sample"
     shutil.copytree(REPO / "examples" / "sample-corpus", corpus)
-    assert refresh(str(corpus), settings=settings)["published"]
-    return settings
+    with new_database(pg_server, template_db) as url:
+        settings = make_settings(folder / "home", url)
+        assert refresh(str(corpus), settings=settings)["published"]
+        yield settings
+
+
+@pytest.fixture
+def settings(sample: Any) -> Any:
+    """conftest's `conn` opens the module's index."""
+    return sample
 
 
 def test_tune_stores_reports_and_applies_the_fusion(sample, conn, embedder) -> None:  # type: ignore[no-untyped-def]
@@ -100,6 +114,7 @@ def test_tune_refuses_too_few_questions(sample, conn, embedder) -> None:  # type
     gs = load_goldset(REPO / "examples" / "goldset.jsonl")
     tiny = GoldSet(name=gs.name, source=gs.source, sha256=gs.sha256, questions=gs.questions[:2])
     s = Searcher(sample, conn, embedder)
+    before = conn.execute("SELECT count(*) FROM corpusync.fusions").fetchone()[0]
     with pytest.raises(ValueError, match="at least 5 questions"):
         tune_fusion(sample, conn, s, [tiny], s.published_generation(), folds=5)
-    assert conn.execute("SELECT count(*) FROM corpusync.fusions").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM corpusync.fusions").fetchone()[0] == before  # nothing stored
