@@ -16,7 +16,7 @@ from tasks.diff import diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
 from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
-from tasks.parsing.pdf import _dominant_size
+from tasks.parsing.pdf import _dominant_size, _page_blocks
 from tasks.publish import check_mass_delete
 
 
@@ -155,6 +155,30 @@ def test_pdf_headings_by_dominant_font_size(tmp_path: Path) -> None:
                                        hashlib.sha256(data).hexdigest()), ParseOptions(max_bytes=1 << 20))
     assert [(b.kind, b.text, b.level) for b in parsed.blocks if b.kind == "title"] == [("title", "Annual Report", 1)]
     assert "Line 11 of the body text" in parsed.blocks[-1].text
+
+
+def test_pdf_page_blocks_from_mupdf_json() -> None:
+    # Blocks come from MuPDF's JSON (bboxes and sizes in 1/1000 pt): they match what get_text("dict") gives,
+    # text off the page is left out as the dict left it out, and the image cover comes from the same page.
+    doc = pymupdf.open()
+    page = doc.new_page(width=600, height=800)
+    page.insert_text((72, 100), "Heading set large", fontsize=17.96)
+    page.insert_text((72, 300), "Body text in a size that rounds up", fontsize=10.96)
+    page.insert_text((72, -40), "Above the page", fontsize=12)
+    page.insert_text((650, 200), "Right of the page", fontsize=12)
+    pix = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 4, 4), False)
+    pix.clear_with(200)
+    page.insert_image(pymupdf.Rect(150, 400, 450, 800), pixmap=pix, keep_proportion=False)  # a quarter
+    page = pymupdf.open("pdf", doc.tobytes())[0]
+    blocks, cover = _page_blocks(page)
+    expected = [(b["bbox"], "\n".join("".join(s["text"] for s in ln["spans"]) for ln in b["lines"]),
+                 round(b["lines"][0]["spans"][0]["size"], 1))
+                for b in page.get_text("dict", flags=0)["blocks"] if b["type"] == 0]
+    assert [(t, size) for _, t, size in blocks] == [(t, size) for _, t, size in expected] == [
+        ("Heading set large", 18.0), ("Body text in a size that rounds up", 11.0)]
+    for (bbox, _, _), (want, _, _) in zip(blocks, expected, strict=True):
+        assert bbox == pytest.approx(want, abs=0.002)
+    assert cover == pytest.approx(0.25, abs=0.001)
 
 
 @pytest.mark.parametrize(("text", "tag"), [

@@ -10,17 +10,23 @@ from importlib import metadata
 from corpusync.core.lexical import CJK
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "7"
+PARSE_LOGIC_VERSION = "8"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")
-_SPACES = re.compile(r"[ \t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
+_SPACE_CHARS = r"\t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"  # besides " "
+# A run of spaces to fold into one " ": two or more, or one that is not " " (a lone " " stays as it is,
+# not replaced by itself once per word). With control characters out and line breaks as "\n", these are
+# all the whitespace left besides "\n" (str.isspace).
+_SPACES = re.compile(rf"[ {_SPACE_CHARS}]{{2,}}|[{_SPACE_CHARS}]")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _HYPHEN_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[a-zß-öø-ÿ])")  # "exam-\nple" -> "example"
 _COMPOUND_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[A-ZÀ-ÖØ-Þ])")  # "Schwarz-\nWeiß" -> "Schwarz-Weiß"
 _CJK = CJK + r"\u3000-\u303f\uff00-\uffef"  # Han and CJK/full-width punctuation
 # Chinese lines re-join, except before a line that opens a legal unit (第X章 / 第X条 + space, （一）, 一、)
-_CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?!第[0-9０-９一二三四五六七八九十百千零〇两]+[编章节条]\s"
+# ("\n" first and the character before it looked behind at: the engine then skips from one "\n" to the next
+# instead of trying the look-behind at every position; the same matches)
+_CJK_BREAK = re.compile(rf"\n(?<=[{_CJK}]\n)(?!第[0-9０-９一二三四五六七八九十百千零〇两]+[编章节条]\s"
                         rf"|[（(][一二三四五六七八九十]+[）)]|[一二三四五六七八九十]+、)(?=[{_CJK}])")
 # Glyph artefacts of PDF text layers, folded to the characters they draw: Kangxi / CJK radicals ("⾦" for
 # "金") and Latin ligatures ("ﬁ"). Everything else keeps the document's own characters (full-width
@@ -28,18 +34,27 @@ _CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n(?!第[0-9０-９一二三四五六七
 _GLYPH_ARTEFACTS = re.compile("[\u2e80-\u2fdf\ufb00-\ufb06]")
 
 
+def _fold_glyph(m: re.Match[str]) -> str:
+    return unicodedata.normalize("NFKC", m.group())
+
+
 def clean_text(text: str) -> str:
     """NFC (canonical forms only), PDF glyph artefacts folded, control characters out, English
-    de-hyphenation, Chinese lines re-joined, whitespace collapsed."""
+    de-hyphenation, Chinese lines re-joined, whitespace collapsed. Called once per block of every format:
+    a step that cannot apply is skipped by a substring test, whitespace folded in one pass over the text."""
     text = unicodedata.normalize("NFC", text)
-    text = _GLYPH_ARTEFACTS.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    text = _GLYPH_ARTEFACTS.sub(_fold_glyph, text)
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
     text = _CONTROL.sub("", text)
-    text = _HYPHEN_BREAK.sub("", text)
-    text = _COMPOUND_BREAK.sub("-", text)
+    if "-\n" in text:
+        text = _HYPHEN_BREAK.sub("", text)
+        text = _COMPOUND_BREAK.sub("-", text)
     text = _CJK_BREAK.sub("", text)
-    text = "\n".join(_SPACES.sub(" ", line).strip() for line in text.split("\n"))
-    return _BLANK_LINES.sub("\n\n", text).strip()
+    # every line stripped: after the fold, a line's edges hold at most one " " (the text's ends: strip below)
+    text = _SPACES.sub(" ", text).replace(" \n", "\n").replace("\n ", "\n")
+    if "\n\n\n" in text:
+        text = _BLANK_LINES.sub("\n\n", text)
+    return text.strip()
 
 
 @cache
