@@ -103,7 +103,6 @@ KILL_AFTER_PUBLISH = """
 import os, signal, sys
 import corpusync.app.runtime as runtime
 runtime._finish = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # dies right after publish commits
-from bench.faults import invariants
 from corpusync.cli import main
 main(["refresh", sys.argv[1], "-q"])
 """
