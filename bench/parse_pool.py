@@ -2,9 +2,13 @@
 (issue 13: 2 workers >= 1.8x one), next to raw PyMuPDF `get_text()` and in-process parse_document.
 
 The files: every PDF of the corpus (../shared/data/corpus, else tests/data/corpus) whose pages all carry a
-text layer and that parses without OCR, repeated --copies times. Each configuration: the pool is started and
-warmed by one untimed pass, then --runs timed passes (the median is reported); the pool runs with the
-refresh's deadlines (page counting included). Raw get_text() and in-process parsing use one core.
+text layer and that parses without OCR, repeated --copies times. Each pool is started and warmed by one
+untimed pass; then --runs rounds each time every configuration once, in turn. Reported: medians, the
+median of the rounds' ratios to raw get_text() (which a machine whose speed drifts disturbs least), and
+the CPU seconds of this process and of the workers: on a shared VM, wall time also holds what the
+neighbours take; the per-worker CPU rate is the workers' pages per CPU second (this process's where it
+parses). The pools run with the refresh's deadlines (page counting included). Raw get_text() and
+in-process parsing use one core.
 
 Usage: python bench/parse_pool.py [--data DIR] [--copies 2] [--runs 3] [--workers 1,2]
 """
@@ -58,13 +62,28 @@ def source(root: Path, path: Path, copy: int) -> SourceFile:
                       hashlib.sha256(data).hexdigest())
 
 
-def timed(runs: int, fn: Callable[[], object]) -> list[float]:
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def cpu_s() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process and of its live children (the pool's workers). Unlike
+    wall time, they leave out what a shared VM's neighbours take (steal time: 9% on average here)."""
+    import psutil
+
+    me = psutil.Process()
+    mine, theirs = sum(me.cpu_times()[:2]), 0.0
+    for proc in me.children(recursive=True):
+        try:
+            theirs += sum(proc.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            pass
+    return mine, theirs
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process, CPU seconds of the workers) of one call."""
+    (m0, w0), t0 = cpu_s(), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    m1, w1 = cpu_s()
+    return wall, m1 - m0, w1 - w0
 
 
 def raw_get_text(files: list[SourceFile]) -> None:
@@ -100,37 +119,57 @@ def main() -> None:
     print(f"CPUs this process may use: {default_workers()} (os.cpu_count() {os.cpu_count()}); "
           f"1-min load average before: {load:.2f}; median of {args.runs} runs")
 
-    rows: list[tuple[str, list[float], int]] = []
-    raw = timed(args.runs, lambda: raw_get_text(files))
-    rows.append(("raw PyMuPDF get_text(), in-process", raw, 1))
-    inproc = timed(args.runs, lambda: [parse_document(src, options) for src in files])
-    rows.append(("parse_document in-process (no isolation)", inproc, 1))
-    for n in (int(w) for w in args.workers.split(",")):
-        with ParsePool(options, workers=n, timeout_s=timeout_s, timeout_per_page_s=per_page_s, memory_mb=8192,
-                       warm_for=[".pdf"]) as pool:
-            results = list(pool.parse_many(files, ordered=False))  # starts and warms every worker, untimed
+    # Every configuration runs once per round, raw get_text() included: a machine whose speed drifts over
+    # the minutes this takes (a shared VM) then slows them all alike.
+    pools: dict[int, ParsePool] = {}
+    try:
+        for n in (int(w) for w in args.workers.split(",")):
+            pools[n] = ParsePool(options, workers=n, timeout_s=timeout_s, timeout_per_page_s=per_page_s,
+                                 memory_mb=8192, warm_for=[".pdf"])
+            results = list(pools[n].parse_many(files, ordered=False))  # starts and warms every worker, untimed
             failed = [s.path for s, r in results if isinstance(r, ParseError)]
             if failed:
                 print(f"  {n} worker(s): {len(failed)} failed in the warm-up pass: {failed[:3]}")
-            def one_pass(p: ParsePool = pool) -> None:
-                for _ in p.parse_many(files, ordered=False):
-                    pass
 
-            rows.append((f"pool, {n} worker{'s' if n > 1 else ''}", timed(args.runs, one_pass), n))
+        def one_pass(p: ParsePool) -> None:
+            for _ in p.parse_many(files, ordered=False):
+                pass
+
+        configs: list[tuple[str, int, Callable[[], object]]] = [
+            ("raw PyMuPDF get_text(), in-process", 1, lambda: raw_get_text(files)),
+            ("parse_document in-process (no isolation)", 1, lambda: [parse_document(src, options) for src in files]),
+            *((f"pool, {n} worker{'s' if n > 1 else ''}", n, lambda p=p: one_pass(p)) for n, p in pools.items())]
+        times: list[list[float]] = [[] for _ in configs]
+        cpu: list[list[tuple[float, float]]] = [[] for _ in configs]
+        for _ in range(args.runs):
+            for i, (_, _, fn) in enumerate(configs):
+                wall, mine, workers = timed(fn)
+                times[i].append(wall)
+                cpu[i].append((mine, workers))
+    finally:
+        for p in pools.values():
+            p.close()
+    rows = [(label, t, n, c) for (label, n, _), t, c in zip(configs, times, cpu, strict=True)]
+    raw, raw_cpu = times[0], statistics.median(m for m, _ in cpu[0])
 
     raw_pps = pages / statistics.median(raw)
-    one = next((statistics.median(t) for label, t, n in rows if label.startswith("pool") and n == 1), None)
-    print("\n| run | workers | docs/s | pages/s | runs (s) | vs 1 worker | pages/s per worker / raw get_text |")
-    print("|---|---|---|---|---|---|---|")
-    for label, times, n in rows:
-        med = statistics.median(times)
+    one = next((statistics.median(t) for label, t, n, _ in rows if label.startswith("pool") and n == 1), None)
+    print("\n| run | workers | docs/s | pages/s | runs (s) | vs 1 worker | pages/s per worker / raw get_text "
+          "| same, median of the rounds' ratios | CPU s: this process, workers | pages per worker CPU s / raw "
+          "get_text's per CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, runs, n, used in rows:
+        med = statistics.median(runs)
         speedup = f"{one / med:.2f}x" if one and label.startswith("pool") else ""
-        spread = ", ".join(f"{t:.1f}" for t in times)
+        spread = ", ".join(f"{t:.1f}" for t in runs)
+        paired = statistics.median(r / t / n for r, t in zip(raw, runs, strict=True))
         print(f"| {label} | {n} | {len(files) / med:.1f} | {pages / med:.0f} | {spread} | {speedup} | "
-              f"{pages / med / n / raw_pps:.3f} |")
-    pools = {n: statistics.median(t) for label, t, n in rows if label.startswith("pool")}
-    if 1 in pools and 2 in pools:
-        print(f"\nthroughput ratio 2 workers / 1 worker: {pools[1] / pools[2]:.2f} (issue 13 target: >= 1.8)")
+              f"{pages / med / n / raw_pps:.3f} | {paired:.3f} | {statistics.median(m for m, _ in used):.2f}, "
+              f"{statistics.median(w for _, w in used):.2f} | "
+              f"{raw_cpu / statistics.median(w if label.startswith('pool') else m for m, w in used):.3f} |")
+    medians = {n: statistics.median(t) for label, t, n, _ in rows if label.startswith("pool")}
+    if 1 in medians and 2 in medians:
+        print(f"\nthroughput ratio 2 workers / 1 worker: {medians[1] / medians[2]:.2f} (issue 13 target: >= 1.8)")
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"1-min load average after: {load_after:.2f} (other processes on this machine compete for the CPUs)")
 

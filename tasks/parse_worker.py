@@ -9,9 +9,12 @@ a worker takes a document, never counts start-up. A worker that cannot set its m
 every result; the parent warns once and keeps the reason (memory_limit_problem).
 
 A document's deadline grows with its work: parse_timeout_s plus parse_timeout_per_page_s per page
-(parse_deadline_s). The pages of PDFs (PyMuPDF) and multi-frame TIFFs (Pillow) are counted by a short task
-in the pool before the parse, not in the parent: opening a hostile PDF is exactly what can crash a process.
-Other files count 0 pages (their parse time does not follow a page count that can be read cheaply).
+(parse_deadline_s). The pages of PDFs (PyMuPDF) and multi-frame TIFFs (Pillow) are counted in the worker,
+not in the parent: opening a hostile PDF is exactly what can crash a process. The count and the parse are
+one task, under the deadline of PARSE_AT_ONCE_PAGES pages: a document within that many pages (most) is
+parsed at once; a longer one comes back with its count and is parsed under its own deadline (a separate
+count before every parse cost a text-PDF pass 8%, bench/parse_pool.py). Other files count 0 pages (their
+parse time does not follow a page count that can be read cheaply).
 A document whose text passes ParseOptions.max_chars never leaves the worker: it is 'oversized'.
 """
 
@@ -45,13 +48,15 @@ Result = ParsedDocument | ParseError
 
 log = logging.getLogger(__name__)
 
-# Tasks (page counts included, a task each) after which pebble replaces a worker: a backstop against leaks
+# Tasks (a long document's page count included) after which pebble replaces a worker: a backstop against leaks
 # that the per-document clean-up (_release_freed_memory) and the memory limit do not catch. A replacement costs
 # ~1.3 s (spawn, imports, warm-up); at 500 that was 13% of a text-PDF pass (bench/parse_pool.py) and a restart
 # every ~2.5 s of Markdown passages; at 10,000 it is under 2% even for 5 ms documents.
 MAX_TASKS_PER_WORKER = 10_000
 MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of days
-PROBE_TIMEOUT_S = 60.0  # counting pages opens the file, nothing more
+# A paged document of up to this many pages is counted and parsed in one task, under this many pages'
+# deadline (at most that much more than its own: parse_timeout_per_page_s x this).
+PARSE_AT_ONCE_PAGES = 16
 STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task
 POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is reported 'crashed'
 PAGED = (".pdf", ".tif", ".tiff")
@@ -142,10 +147,11 @@ def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
     suffix = Path(src.path).suffix.lower()
     try:
         if src.size <= _WORKER["options"].max_bytes and suffix == ".pdf":
-            import pymupdf
+            from pymupdf import mupdf
 
-            with pymupdf.open(src.abs_path) as doc:
-                pages = doc.page_count
+            # MuPDF's own document, not pymupdf.Document: that reads the metadata and the outline on open
+            # (0.9 ms a file against 0.3 ms)
+            pages = mupdf.fz_count_pages(mupdf.FzDocument(str(src.abs_path)))
         elif src.size <= _WORKER["options"].max_bytes and suffix in (".tif", ".tiff"):
             from PIL import Image
 
@@ -202,11 +208,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _parse(src: SourceFile) -> tuple[str | None, tuple[Any, ...]]:
+def _parse(src: SourceFile, pages_at_most: int | None = None) -> tuple[str | None, tuple[Any, ...]]:
     """One document: ("ok", the pickled doc) or ("err", reason, detail), with the memory-limit report. Plain
     tuples: exceptions with custom constructors do not cross a process boundary reliably. The document is
     pickled here so that what parsing it took can be freed, and handed back, before the worker waits for
-    the next one."""
+    the next one. `pages_at_most`: count the pages first; a document with more comes back unparsed as
+    ("pages", count), for a deadline of its own."""
+    if pages_at_most is not None:
+        problem, pages = _count_pages(src)
+        if pages is not None and pages > pages_at_most:
+            return problem, ("pages", pages)
     outcome = _parse_pickled(src)
     _release_freed_memory()
     return _WORKER["problem"], outcome
@@ -238,7 +249,7 @@ class _Job:
     counted: bool = False  # pages were asked for (or need not be)
     pages: int | None = None
     deadline: float = 0.0
-    probing: bool = False
+    probing: bool = False  # in flight as count-and-parse: may come back with its page count
     breaks: int = 0
 
 
@@ -289,17 +300,17 @@ class ParsePool:
             self._warm_dir = None
 
     def _schedule(self, job: _Job) -> Future[Any]:
-        """Count the document's pages first where its deadline depends on them, else parse it."""
+        """Parse the document; where its deadline depends on its pages and they are not counted yet, count
+        them in the same task and parse at once within PARSE_AT_ONCE_PAGES pages."""
         job.probing = (not job.counted and self.timeout_per_page_s > 0
                        and Path(job.src.path).suffix.lower() in PAGED)
         job.counted = True
+        pages, at_most = (PARSE_AT_ONCE_PAGES, PARSE_AT_ONCE_PAGES) if job.probing else (job.pages, None)
+        job.deadline = parse_deadline_s(pages, self.timeout_s, self.timeout_per_page_s)
         for attempt in range(2):
             pool = self._running_pool()
             try:
-                if job.probing:
-                    return pool.schedule(_count_pages, (job.src,), timeout=min(self.timeout_s, PROBE_TIMEOUT_S))
-                job.deadline = parse_deadline_s(job.pages, self.timeout_s, self.timeout_per_page_s)
-                return pool.schedule(_parse, (job.src,), timeout=job.deadline)
+                return pool.schedule(_parse, (job.src, at_most), timeout=job.deadline)
             except RuntimeError:  # the pool broke between two documents: a fresh one
                 if attempt:
                     raise
@@ -322,8 +333,7 @@ class ParsePool:
                 while queue and len(pending) < 4 * self.workers:
                     job = queue.popleft()
                     pending[self._schedule(job)] = job
-                limit = max(max(j.deadline if not j.probing else PROBE_TIMEOUT_S for j in pending.values())
-                            + STALL_GRACE_S, 1.0)
+                limit = max(max(j.deadline for j in pending.values()) + STALL_GRACE_S, 1.0)
                 done, _ = wait(pending, timeout=limit, return_when=FIRST_COMPLETED)
                 if not done or any(isinstance(f.exception(), BrokenProcessPool) for f in done):
                     why = "the worker pool broke" if done else f"no document finished in {limit:g} s"
@@ -366,14 +376,14 @@ class ParsePool:
         return given_up
 
     def _outcome(self, job: _Job, future: Future[Any]) -> Result | None:
-        """The document's result, or None when its pages were counted (the parse comes next)."""
+        """The document's result, or None when it came back with its page count (the parse comes next)."""
         path = job.src.path
         exc = future.exception()
         if exc is None:
             problem, value = future.result()
             self._note_memory_limit(problem)
-            if job.probing:
-                job.pages = value
+            if value[0] == "pages":
+                job.pages = value[1]
                 return None
             if value[0] == "ok":
                 doc: ParsedDocument = pickle.loads(value[1])  # our own worker's bytes
@@ -381,11 +391,10 @@ class ParsePool:
             return ParseError(path, value[1], value[2])
         if isinstance(exc, (TimeoutError, ProcessExpired)):
             self.restarts += 1
-        if job.probing:  # counting failed: the parse, with the base deadline, says what is wrong
-            log.info("%s: its pages could not be counted (%s); parsing it with the base deadline", path, exc)
-            return None
         if isinstance(exc, TimeoutError):
-            pages = f" ({self.timeout_s:g} s + {job.pages} pages x {self.timeout_per_page_s:g} s)" if job.pages else ""
+            pages = (f" ({self.timeout_s:g} s + {job.pages} pages x {self.timeout_per_page_s:g} s)" if job.pages else
+                     f" ({self.timeout_s:g} s + {PARSE_AT_ONCE_PAGES} pages x {self.timeout_per_page_s:g} s, the "
+                     f"allowance of a document of at most {PARSE_AT_ONCE_PAGES} pages)" if job.probing else "")
             return ParseError(path, "timeout", f"parsing took longer than {job.deadline:g} s{pages}; the worker was "
                               "stopped (raise CORPUSYNC_PARSE_TIMEOUT_S or CORPUSYNC_PARSE_TIMEOUT_PER_PAGE_S)")
         if isinstance(exc, ProcessExpired):

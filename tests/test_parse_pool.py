@@ -20,7 +20,7 @@ import pytest
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
-from tasks.parse_worker import MAX_SCALED_PAGES, ParsePool, parse_deadline_s
+from tasks.parse_worker import MAX_SCALED_PAGES, PARSE_AT_ONCE_PAGES, ParsePool, parse_deadline_s
 from tests.faults import SetrlimitRefused, crashing_parser
 
 TXT = ["any.txt"]  # warm only the text parser: these pools start fast
@@ -40,6 +40,11 @@ def slow_by_pages(src: SourceFile, options: ParseOptions) -> ParsedDocument:
     """Takes 0.05 s per PDF page before parsing: a stand-in for OCR, whose time grows with the pages."""
     with pymupdf.open(src.abs_path) as doc:
         time.sleep(0.05 * doc.page_count)
+    return parse_document(src, options)
+
+
+def hangs(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    time.sleep(60)
     return parse_document(src, options)
 
 
@@ -118,6 +123,19 @@ def test_a_long_pdf_gets_a_longer_deadline(tmp_path: Path) -> None:
         (_, scaled), = pool.parse_many([long])
     assert isinstance(scaled, ParseError) and scaled.reason == "timeout"
     assert "1.6 s (1 s + 60 pages x 0.01 s)" in scaled.detail  # the deadline says how it was made
+
+
+def test_a_short_pdf_is_counted_and_parsed_in_one_task_under_the_allowance_of_short_documents(
+        tmp_path: Path) -> None:
+    """Up to PARSE_AT_ONCE_PAGES pages, the page count and the parse are one task (no round trip to count
+    first): its deadline is that of a document of that many pages, and a timeout says so."""
+    assert PARSE_AT_ONCE_PAGES == 16
+    short = many_page_pdf(tmp_path / "short.pdf", 2)
+    with ParsePool(ParseOptions(), workers=1, timeout_s=0.5, timeout_per_page_s=0.1, memory_mb=4096,
+                   parse=hangs, warm_for=["x.pdf"]) as pool:
+        (_, hung), = pool.parse_many([short])
+    assert isinstance(hung, ParseError) and hung.reason == "timeout", hung
+    assert "2.1 s (0.5 s + 16 pages x 0.1 s, the allowance of a document of at most 16 pages)" in hung.detail
 
 
 def test_the_clock_starts_after_the_worker_warmed_up(tmp_path: Path) -> None:

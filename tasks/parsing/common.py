@@ -41,15 +41,25 @@ def _fold_glyph(m: re.Match[str]) -> str:
 def clean_text(text: str) -> str:
     """NFC (canonical forms only), PDF glyph artefacts folded, control characters out, English
     de-hyphenation, Chinese lines re-joined, whitespace collapsed. Called once per block of every format:
-    a step that cannot apply is skipped by a substring test, whitespace folded in one pass over the text."""
-    text = unicodedata.normalize("NFC", text)
-    text = _GLYPH_ARTEFACTS.sub(_fold_glyph, text)
-    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
+    a step that cannot apply is skipped by a substring test (or, for the steps that only concern other
+    characters, by str.isascii, which costs nothing; a single printable line needs only its spaces folded),
+    whitespace folded in one pass over the text."""
+    ascii = text.isascii()
+    if not ascii:
+        text = unicodedata.normalize("NFC", text)
+        text = _GLYPH_ARTEFACTS.sub(_fold_glyph, text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not ascii:
+        text = text.replace("\u2028", "\n").replace("\u2029", "\n")
+    if text.isprintable():  # one line, no control character, no space but " ": only runs of " " to fold
+        return (_SPACES.sub(" ", text) if "  " in text else text).strip()
     text = _CONTROL.sub("", text)
     if "-\n" in text:
         text = _HYPHEN_BREAK.sub("", text)
         text = _COMPOUND_BREAK.sub("-", text)
-    text = _CJK_BREAK.sub("", text)
+    if not ascii:
+        text = _CJK_BREAK.sub("", text)
     # every line stripped: after the fold, a line's edges hold at most one " " (the text's ends: strip below)
     text = _SPACES.sub(" ", text).replace(" \n", "\n").replace("\n ", "\n")
     if "\n\n\n" in text:

@@ -4,10 +4,11 @@ not. PyMuPDF errors become 'oversized', 'out-of-memory' or 'corrupt' by cause.""
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from typing import Any
+
+import msgspec
 
 from corpusync.core.errors import ConfigError, OcrError, ParseError
 from schemas.records import Block, BlockKind, ParsedDocument, ParseOptions, SourceFile
@@ -35,7 +36,7 @@ def ocr_reason(text: str, image_cover: float, invisible_share: float) -> str | N
     chars = "".join(tokens)  # the non-whitespace characters (str.split's whitespace is str.isspace's)
     if len(chars) < 20 and (image_cover > 0.3 or not chars):
         return "no-text"
-    if chars and len(_GARBAGE.findall(text)) > 0.2 * len(chars):
+    if chars and (not text.isascii() or "(cid:" in text) and len(_GARBAGE.findall(text)) > 0.2 * len(chars):
         return "garbage"
     if (len(tokens) >= 30 and list(map(len, tokens)).count(1) > 0.6 * len(tokens)  # cheap bound first
             and sum(1 for t in tokens if len(t) == 1 and t.isalpha() and t.isascii()) > 0.6 * len(tokens)):
@@ -45,14 +46,14 @@ def ocr_reason(text: str, image_cover: float, invisible_share: float) -> str | N
     return None
 
 
-def _image_cover(rect: Any, images: list[dict[str, int]]) -> float:
+def _image_cover(rect: Any, images: list[_Box]) -> float:
     """Share of the page its images cover (overlaps counted twice, at most 1), from the image blocks of the
     page's JSON (bboxes in 1/_JSON_SCALE pt)."""
     area = rect.width * rect.height or 1.0
     total = 0.0
     for b in images:
-        x0, y0 = b["x"] / _JSON_SCALE, b["y"] / _JSON_SCALE
-        x1, y1 = x0 + b["w"] / _JSON_SCALE, y0 + b["h"] / _JSON_SCALE
+        x0, y0 = b.x / _JSON_SCALE, b.y / _JSON_SCALE
+        x1, y1 = x0 + b.w / _JSON_SCALE, y0 + b.h / _JSON_SCALE
         x0, y0, x1, y1 = max(x0, rect.x0), max(y0, rect.y0), min(x1, rect.x1), min(y1, rect.y1)
         if x1 > x0 and y1 > y0:
             total += (x1 - x0) * (y1 - y0)
@@ -117,13 +118,46 @@ _JSON_SCALE = 1000
 Bbox = tuple[float, float, float, float]
 
 
-def _page_json(page: Any) -> tuple[dict[str, Any], Any]:
+# The parts of MuPDF's page JSON the blocks are built from, decoded straight into these records: the rest
+# (each line's font name, family, weight and style, its origin and writing mode) is skipped without
+# building Python objects for it, and the records are not tracked by the garbage collector.
+class _Box(msgspec.Struct, gc=False):
+    x: int
+    y: int
+    w: int
+    h: int
+
+
+class _Font(msgspec.Struct, gc=False):
+    size: int
+
+
+class _Line(msgspec.Struct, gc=False):
+    bbox: _Box
+    text: str
+    font: _Font | None = None  # absent on a line without characters
+
+
+class _Block(msgspec.Struct, gc=False):
+    type: str
+    bbox: _Box
+    lines: list[_Line] = []  # an image block has none (msgspec copies the empty default)
+
+
+class _Page(msgspec.Struct, gc=False):
+    blocks: list[_Block]
+
+
+_PAGE_DECODER = msgspec.json.Decoder(_Page)
+
+
+def _page_json(page: Any) -> tuple[_Page, Any]:
     """The page's text and image blocks as MuPDF's C JSON writer prints them, and the text page's rect.
 
-    One text page serves the text and the image cover: the JSON costs one json.loads where
-    get_text("dict") built Python dicts per span and get_image_info ran the page a second time. The flags
-    are the dict's (0: ligatures split, whitespace as spaces, no clipping) plus images kept as blocks
-    (an image drawn between two lines of a paragraph then ends its block: seen on 9 of 1,105 pages)."""
+    One text page serves the text and the image cover: the JSON costs one decode where get_text("dict")
+    built Python dicts per span and get_image_info ran the page a second time. The flags are the dict's
+    (0: ligatures split, whitespace as spaces, no clipping) plus images kept as blocks (an image drawn
+    between two lines of a paragraph then ends its block: seen on 9 of 1,105 pages)."""
     import pymupdf
     from pymupdf import mupdf
 
@@ -132,63 +166,61 @@ def _page_json(page: Any) -> tuple[dict[str, Any], Any]:
     out = mupdf.FzOutput(buf)
     mupdf.fz_print_stext_page_as_json(out, tp.this, _JSON_SCALE)
     out.fz_close_output()
-    # UTF-8, but for a lone surrogate a font's ToUnicode may map a glyph to: replaced like other bad codes
-    return json.loads(mupdf.fz_buffer_extract(buf).decode("utf-8", "replace")), tp.rect
+    raw = mupdf.fz_buffer_extract(buf)
+    try:
+        return _PAGE_DECODER.decode(raw), tp.rect
+    except msgspec.DecodeError:
+        # UTF-8, but for a lone surrogate a font's ToUnicode may map a glyph to: replaced like other bad codes
+        return _PAGE_DECODER.decode(raw.decode("utf-8", "replace").encode()), tp.rect
 
 
-def _page_blocks(page: Any) -> tuple[list[tuple[Bbox, str, float]], float]:
+def _page_blocks(page: Any, rect: Any = None) -> tuple[list[tuple[Bbox, str, float]], float]:
     """Text blocks of a page in MuPDF's order (bbox, text with lines joined by newlines, the font size
     that covers most of its characters) and the share of the page its images cover.
 
     As get_text("dict") did, a line outside the page or without area (zero-width glyphs over a figure) is
     left out. The JSON gives each line the size of its first character: a line weighs its characters
-    at that size (the dict weighed each span's)."""
+    at that size (the dict weighed each span's). `rect`: page.rect, when the caller has it (computed on
+    each access)."""
     data, tp_rect = _page_json(page)
     s = _JSON_SCALE
     left, top, right, bottom = tp_rect.x0 * s, tp_rect.y0 * s, tp_rect.x1 * s, tp_rect.y1 * s
 
-    def outside(b: dict[str, int]) -> bool:
-        x, y, w, h = b["x"], b["y"], b["w"], b["h"]
-        return w <= 0 or h <= 0 or x >= right or y >= bottom or x + w <= left or y + h <= top
+    def outside(b: _Box) -> bool:
+        return b.w <= 0 or b.h <= 0 or b.x >= right or b.y >= bottom or b.x + b.w <= left or b.y + b.h <= top
 
     out: list[tuple[Bbox, str, float]] = []
-    images: list[dict[str, int]] = []
-    for block in data["blocks"]:
-        bb = block["bbox"]
-        if block["type"] != "text":
+    images: list[_Box] = []
+    for block in data.blocks:
+        bb = block.bbox
+        if block.type != "text":
             images.append(bb)
             continue
         # a block inside the page (most): only its lines without area are left out
-        inside = bb["x"] >= left and bb["y"] >= top and bb["x"] + bb["w"] <= right and bb["y"] + bb["h"] <= bottom
-        lines: list[str] = []
-        by_size: dict[int, int] = {}  # size in 1/_JSON_SCALE pt -> characters
-        partial = False
-        for line in block["lines"]:
-            lb = line["bbox"]
-            if lb["w"] <= 0 or lb["h"] <= 0 or (not inside and outside(lb)):
-                partial = True
-                continue
-            text = line["text"]
-            lines.append(text)
-            font = line.get("font")  # absent on a line without characters
-            if font is not None:
-                size = font["size"]
-                by_size[size] = by_size.get(size, 0) + len(text.strip())
-        text = "\n".join(lines)
+        if bb.x >= left and bb.y >= top and bb.x + bb.w <= right and bb.y + bb.h <= bottom:
+            kept = [ln for ln in block.lines if ln.bbox.w > 0 and ln.bbox.h > 0]
+        else:
+            kept = [ln for ln in block.lines if not outside(ln.bbox)]
+        text = "\n".join([ln.text for ln in kept])
         if not text.strip():
             continue
-        if partial:  # the bbox of the lines kept
-            boxes = [b for b in (ln["bbox"] for ln in block["lines"]) if not outside(b)]
-            x0, y0 = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
-            x1, y1 = max(b["x"] + b["w"] for b in boxes), max(b["y"] + b["h"] for b in boxes)
+        if len(kept) < len(block.lines):  # the bbox of the lines kept
+            x0, y0 = min(ln.bbox.x for ln in kept), min(ln.bbox.y for ln in kept)
+            x1, y1 = max(ln.bbox.x + ln.bbox.w for ln in kept), max(ln.bbox.y + ln.bbox.h for ln in kept)
         else:
-            x0, y0, x1, y1 = bb["x"], bb["y"], bb["x"] + bb["w"], bb["y"] + bb["h"]
-        if len(by_size) == 1:  # most blocks
-            dominant = round(next(iter(by_size)) / s, 1)
-        else:
-            dominant = _dominant_size({size / s: n for size, n in by_size.items()})
+            x0, y0, x1, y1 = bb.x, bb.y, bb.x + bb.w, bb.y + bb.h
+        sizes = {ln.font.size for ln in kept if ln.font is not None}  # in 1/_JSON_SCALE pt
+        if len(sizes) == 1:  # most blocks
+            dominant = round(sizes.pop() / s, 1)
+        else:  # characters per size
+            by_size: dict[float, int] = {}
+            for ln in kept:
+                if ln.font is not None:
+                    size = ln.font.size / s
+                    by_size[size] = by_size.get(size, 0) + len(ln.text.strip())
+            dominant = _dominant_size(by_size)
         out.append(((x0 / s, y0 / s, x1 / s, y1 / s), text, dominant))
-    return out, _image_cover(page.rect, images)
+    return out, _image_cover(page.rect if rect is None else rect, images)
 
 
 def _dominant_size(by_size: dict[float, int]) -> float:
@@ -230,17 +262,18 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         body_sizes: Counter[float] = Counter()
         try:
             for page in doc.pages():
-                number = page.number + 1
+                index = page.number
+                number = index + 1
                 rect = page.rect  # computed on each access
                 h = rect.height or 1.0
-                found, cover = _page_blocks(page)
+                found, cover = _page_blocks(page, rect)
                 text_blocks = []  # (bbox, stripped text)
                 for bb, t, size in found:
                     stripped = t.strip()
                     text_blocks.append((bb, stripped))
-                    sizes[(page.number, stripped)] = size
+                    sizes[(index, stripped)] = size
                     body_sizes[size] += len(t)  # sizes come rounded to 0.1 pt
-                full = "\n".join(t for _, t, _ in found)
+                full = "\n".join([t for _, t, _ in found])
                 reason = ocr_reason(full, cover, _invisible_share(page) if cover >= 0.8 else 0.0)
                 if reason and options.ocr_engine != "none":
                     if reason == "no-text" and cover == 0.0 and _is_blank(page):
@@ -250,7 +283,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         pages.append(ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages))
                         if dpi != options.ocr_dpi:
                             ocr_pages[-1]["dpi"] = dpi
-                        ocr_done.add(page.number)
+                        ocr_done.add(index)
                         chars += sum(len(t) for t, _ in pages[-1])
                         if chars > options.max_chars:
                             raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
@@ -265,7 +298,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                     raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
                 tables = _page_tables(page) if options.pdf_tables else []
                 if tables:
-                    special[page.number] = [Block("table", md, number) for _, md in tables]
+                    special[index] = [Block("table", md, number) for _, md in tables]
                     text_blocks = [(bb, t) for bb, t in text_blocks if not any(_inside(bb, tb) for tb, _ in tables)]
                 band = MARGIN_BAND * h
                 top, bottom = rect.y0 + band, rect.y1 - band
@@ -288,7 +321,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
             cleaned = clean_text(t)
             if not cleaned:
                 continue
-            level = levels.get(round(sizes.get((i, t), 0.0), 1))
+            level = levels.get(sizes.get((i, t), 0.0)) if levels else None  # sizes come rounded to 0.1 pt
             if level and kind == "text" and looks_like_heading(cleaned):
                 page_out.append(Block("title", cleaned.replace("\n", " "), i + 1, level=level))
             else:
