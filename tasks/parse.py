@@ -142,14 +142,19 @@ def merge_sidecar(doc: ParsedDocument, user: dict[str, Any]) -> None:
 
 _SCRIPTS = (("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"), ("ar", "\u0600", "\u06ff"),
             ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.core.lexical defines it
+_ASCII_LETTER = re.compile("[A-Za-z]")
 _SCRIPT_RES = tuple((tag, re.compile(f"[{lo}-{hi}]")) for tag, lo, hi in _SCRIPTS)
 
 
 def detect_script(text: str) -> str:
     """A coarse language tag from the writing system ('zh', 'ja', 'ko', 'ar', 'ru', else 'latin'), for
     filtering; kana beats Han (Japanese mixes both). Counted by regular expressions over the first 20,000
-    characters (a loop over characters cost a text PDF a tenth of its parse)."""
-    letters = "".join(filter(str.isalpha, text[:20000]))
+    characters (a loop over characters cost a text PDF a tenth of its parse); ASCII text has no letter of
+    the scripts counted, so only whether it has a letter at all."""
+    text = text[:20000]
+    if text.isascii():
+        return "latin" if _ASCII_LETTER.search(text) else "und"
+    letters = "".join(filter(str.isalpha, text))
     if not letters:
         return "und"
     counts = {"zh": len(HAN.findall(letters))} | {tag: len(rx.findall(letters)) for tag, rx in _SCRIPT_RES}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tasks.diff import diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
 from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
-from tasks.parsing.pdf import _dominant_size, _page_blocks
+from tasks.parsing.pdf import _document_class, _dominant_size, _page_blocks
 from tasks.publish import check_mass_delete
 
 
@@ -181,12 +182,31 @@ def test_pdf_page_blocks_from_mupdf_json() -> None:
     assert cover == pytest.approx(0.25, abs=0.001)
 
 
+def test_pdf_opened_without_outline_or_metadata_and_blocks_pickle_whole() -> None:
+    # The parser's document skips PyMuPDF's init_doc (outline and Info dictionary, unused): should PyMuPDF
+    # rename it, this fails rather than the parse silently paying for them again. Blocks cross the worker
+    # boundary pickled as their constructor's arguments.
+    src = pymupdf.open()
+    src.new_page().insert_text((72, 72), "Body")
+    src.set_metadata({"title": "A title"})
+    src.set_toc([[1, "Chapter", 1]])
+    data = src.tobytes()
+    assert pymupdf.open(stream=data).metadata["title"] == "A title"
+    with _document_class()(stream=data, filetype="pdf") as doc:
+        assert doc.metadata is None and doc.outline is None
+        assert doc.page_count == 1 and doc[0].get_text().strip() == "Body"
+    blocks = [Block("title", "Heading", 3, level=2), Block("text", "Body", None)]
+    assert pickle.loads(pickle.dumps(blocks, protocol=pickle.HIGHEST_PROTOCOL)) == blocks
+
+
 @pytest.mark.parametrize(("text", "tag"), [
     ("第十二条 付款方式：买方应在收到发票后三十日内付款。", "zh"),
     ("東京は日本の首都です。ひらがなとカタカナ", "ja"),  # kana beats Han
     ("서울은 한국의 수도입니다", "ko"), ("مرحبا بالعالم", "ar"), ("Привет, мир", "ru"),
     ("The buyer pays within 30 days. 合同", "latin"),
     ("2024 — 12 ½ ² Ⅷ ___ ...", "und"),  # digits, numerals, punctuation: no letters
+    ("2024-12-03 | 42 _ ...", "und"),  # ASCII without a letter
+    ("Terms and conditions, v2", "latin"),
     ("〇〇〇 abc", "latin"),  # 〇 is Han to the analyser but a numeral (not a letter) here
     ("abc " * 6000 + "中文" * 9000, "latin"),  # only the first 20,000 characters count
 ])

@@ -19,6 +19,8 @@ _SPACE_CHARS = r"\t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"  # besides " "
 # not replaced by itself once per word). With control characters out and line breaks as "\n", these are
 # all the whitespace left besides "\n" (str.isspace).
 _SPACES = re.compile(rf"[ {_SPACE_CHARS}]{{2,}}|[{_SPACE_CHARS}]")
+_ODD_SPACE = re.compile(f"[{_SPACE_CHARS}]")
+_SPACE_RUNS = re.compile("  +")  # _SPACES where " " is the only space (the engine scans for its prefix)
 _BLANK_LINES = re.compile(r"\n{3,}")
 _HYPHEN_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[a-zß-öø-ÿ])")  # "exam-\nple" -> "example"
 _COMPOUND_BREAK = re.compile(r"(?<=[A-Za-zÀ-ÖØ-öø-ÿ])-\n(?=[A-ZÀ-ÖØ-Þ])")  # "Schwarz-\nWeiß" -> "Schwarz-Weiß"
@@ -53,7 +55,7 @@ def clean_text(text: str) -> str:
     if not ascii:
         text = text.replace("\u2028", "\n").replace("\u2029", "\n")
     if text.isprintable():  # one line, no control character, no space but " ": only runs of " " to fold
-        return (_SPACES.sub(" ", text) if "  " in text else text).strip()
+        return (_SPACE_RUNS.sub(" ", text) if "  " in text else text).strip()
     text = _CONTROL.sub("", text)
     if "-\n" in text:
         text = _HYPHEN_BREAK.sub("", text)
@@ -61,7 +63,11 @@ def clean_text(text: str) -> str:
     if not ascii:
         text = _CJK_BREAK.sub("", text)
     # every line stripped: after the fold, a line's edges hold at most one " " (the text's ends: strip below)
-    text = _SPACES.sub(" ", text).replace(" \n", "\n").replace("\n ", "\n")
+    if "\t" in text if ascii else _ODD_SPACE.search(text):
+        text = _SPACES.sub(" ", text)
+    elif "  " in text:
+        text = _SPACE_RUNS.sub(" ", text)
+    text = text.replace(" \n", "\n").replace("\n ", "\n")
     if "\n\n\n" in text:
         text = _BLANK_LINES.sub("\n\n", text)
     return text.strip()
