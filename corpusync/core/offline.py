@@ -23,6 +23,9 @@ DEFAULTS = {
     "GX_ANALYTICS_ENABLED": "false",
     # corpusync's own log records (quarantines, overrides, recoveries) reach the Prefect run's logs
     "PREFECT_LOGGING_EXTRA_LOGGERS": "corpusync",
+    # ...and outside a flow run (a query from an application, a store call before the flow starts) they go to
+    # the console only: the API takes no record without a run, and Prefect would add a UserWarning per record
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 
 
