@@ -100,9 +100,9 @@ def page_slices(files: list[SourceFile], pages_of: dict[Path, int], k: int) -> l
         part.append(f)
         done += pages_of[f.abs_path]
         if done >= total * (len(parts) + 1) / k:
-            parts.append(sorted(part, key=lambda f: -pages_of[f.abs_path]))
+            parts.append(part)
             part = []
-    return [*parts, sorted(part, key=lambda f: -pages_of[f.abs_path])] if part else parts
+    return [sorted(p, key=lambda f: -pages_of[f.abs_path]) for p in (*parts, part) if p]
 
 
 def raw_get_text(files: list[SourceFile]) -> None:
@@ -158,8 +158,7 @@ def main() -> None:
         configs: list[tuple[str, int, Callable[[list[SourceFile]], object]]] = [
             ("raw PyMuPDF get_text(), in-process", 1, raw_get_text),
             ("parse_document in-process (no isolation)", 1, lambda part: [parse_document(s, options) for s in part]),
-            *((f"pool, {n} worker{'s' if n > 1 else ''}", n, lambda part, p=p: one_pass(p, part))
-              for n, p in pools.items())]
+            *((f"pool, {n} worker{'s' if n > 1 else ''}", n, partial(one_pass, p)) for n, p in pools.items())]
         parts = page_slices(files, pages_of, args.slices)
         times: list[list[float]] = [[] for _ in configs]
         cpu: list[list[tuple[float, float]]] = [[] for _ in configs]
