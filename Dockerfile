@@ -6,7 +6,8 @@ FROM python:3.11-slim
 ARG TORCH=cpu
 # libmagic1: unstructured's file-type detection (python-magic), as on a developer machine
 RUN apt-get update && apt-get install -y --no-install-recommends libmagic1 && rm -rf /var/lib/apt/lists/*
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# no package caches in the image; bytecode compiled at build time (uv leaves it to the first import otherwise)
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 UV_NO_CACHE=1 UV_COMPILE_BYTECODE=1
 WORKDIR /opt/corpusync
 COPY pyproject.toml README.md prefect.yaml ./
 COPY requirements requirements

@@ -15,11 +15,13 @@ install: $(STAMP)
 
 # scripts/install.sh, the Docker image's install too: torch first and pinned, the CPU build from PyTorch's
 # CPU index on a machine without a GPU (the default index's, with a message, when that index cannot be
-# reached; TORCH=cuda for the CUDA build), then everything else under the verified constraints.
+# reached; TORCH=cuda for the CUDA build), then everything else under the verified constraints, through uv
+# (INSTALLER=pip where only a pip mirror is reachable: uv does not read pip's configuration).
 TORCH ?= auto
+INSTALLER ?= $(or $(CORPUSYNC_INSTALLER),uv)
 $(STAMP): pyproject.toml requirements/constraints.txt scripts/install.sh
 	$(PYTHON) -m venv $(VENV)
-	bash scripts/install.sh --python $(BIN)/python --extras eval,dev --torch $(TORCH)
+	bash scripts/install.sh --python $(BIN)/python --extras eval,dev --torch $(TORCH) --installer $(INSTALLER)
 	touch $(STAMP)
 
 demo: install

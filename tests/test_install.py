@@ -147,6 +147,33 @@ def test_auto_takes_cuda_only_where_nvidia_smi_lists_a_gpu(tmp_path: Path) -> No
     assert FALLBACK in cpu.stderr  # went for the CPU build
 
 
+def test_packages_go_through_uv_and_through_pip_with_a_message_when_uv_fails(tmp_path: Path) -> None:
+    """Fault injection: an interpreter whose `-m uv` fails (an index uv cannot reach, no uv wheel). The
+    install must say so and install the same packages with pip; --installer pip never tries uv."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in "-m uv "*) exit 1 ;; esac\n')
+    fake.chmod(0o755)
+    project = f"-e {REPO}[eval]"
+
+    def install(*args: str) -> tuple[list[str], str]:
+        calls.write_text("")
+        proc = subprocess.run(["bash", str(INSTALL), "--python", str(fake), "--torch", "cuda", "--extras", "eval",
+                               *args], capture_output=True, text=True, timeout=60, check=True)
+        return calls.read_text().splitlines(), proc.stderr
+
+    argv, err = install()
+    uv_call = next(i for i, a in enumerate(argv) if a.startswith("-m uv pip install"))
+    assert argv[uv_call].endswith(project) and f"--python {fake} " in argv[uv_call]
+    assert argv[uv_call - 1].startswith("-m pip install -q -c") and argv[uv_call - 1].endswith(" uv")
+    assert "uv could not install" in err
+    assert argv[uv_call + 1].startswith("-m pip install -q -c") and argv[uv_call + 1].endswith(project)
+
+    argv, err = install("--installer", "pip")
+    assert not any("uv" in a.split() for a in argv) and "uv could not install" not in err
+    assert any(a.startswith("-m pip install -q -c") and a.endswith(project) for a in argv)
+
+
 # --- the model path ----------------------------------------------------------------------------------------
 def test_empty_or_wrong_model_path_is_a_clear_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose used to pass `CORPUSYNC_MODEL_PATH: ${...:-}`, an empty string read as the current folder:
@@ -185,15 +212,16 @@ def test_bge_m3_is_the_default_and_commands_without_a_model_still_run(tmp_path: 
 @pytest.fixture(scope="module")
 def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """A fresh virtualenv with the Dockerfile's install line run in it as the Dockerfile runs it (WORKDIR = the
-    checkout, `python` = the venv's). Faster than the image: pip's cache is kept (the image sets
-    PIP_NO_CACHE_DIR for size only) and no bytecode is compiled. Removed afterwards (3.3 GB)."""
+    checkout, `python` = the venv's). Faster than the image: pip's and uv's caches are kept (the image turns
+    them off for size only) and no bytecode is compiled. Removed afterwards (3 GB)."""
     info = dockerfile()
     venv = tmp_path_factory.mktemp("image") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     argv = [interpolate(a, info["args"]) for a in info["install"]]
     env = {**os.environ, **info["env_before"], "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
            "VIRTUAL_ENV": str(venv)}
-    env.pop("PIP_NO_CACHE_DIR")
+    for image_only in ("PIP_NO_CACHE_DIR", "UV_NO_CACHE", "UV_COMPILE_BYTECODE"):
+        env.pop(image_only)
     env["PIP_NO_COMPILE"] = "1"
     started = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
