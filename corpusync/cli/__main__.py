@@ -1,0 +1,5 @@
+"""`python -m corpusync.cli`: the console script."""
+
+from corpusync.cli import run
+
+run()
