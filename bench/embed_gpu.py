@@ -5,7 +5,7 @@ Token-id batches follow the length distribution of real chunks (bench/data/chunk
 the same run: (a) naive fixed batches of 32 in corpus order, (b) corpusync's length-sorted token-budget
 batches (tasks.embed.token_budget_batches) with out-of-memory halving. Reports real (non-pad) tokens/s,
 padded/real ratio, chunks/s, model FLOP utilisation against the measured bf16 peak, peak memory, batch sizes,
-OOM events, and the time of the vectorised sparse post-processing (corpusync.adapters.embedders.sparse_top_k).
+OOM events, and the time of the vectorised sparse post-processing (corpusync.core.vectors.sparse_top_k).
 
     python bench/embed_gpu.py [--chunks 3000] [--budget 65536] [--peak-tflops 790]
 """
@@ -91,7 +91,7 @@ def run(model: torch.nn.Module, batches: list[list[int]], lengths: list[int], de
 
 
 def sparse_postprocess_seconds(device: str, batch: int = 64, width: int = 512, reps: int = 5) -> float:
-    from corpusync.adapters.embedders import sparse_top_k
+    from corpusync.core.vectors import sparse_top_k
 
     ids = torch.randint(5, VOCAB, (batch, width), device=device)
     w = torch.rand((batch, width), device=device)

@@ -39,7 +39,7 @@ os.environ.setdefault("UNSTRUCTURED_DISABLE_NOTICE", "1")
 
 from rapidfuzz.distance import Levenshtein  # noqa: E402
 
-from corpusync.adapters.embedders import Tokenizer  # noqa: E402
+from corpusync.adapters.embedding import Tokenizer  # noqa: E402
 from corpusync.core.errors import ParseError  # noqa: E402
 from schemas.records import Block, ParsedDocument, SourceFile  # noqa: E402
 from tasks.chunk import ChunkConfig, chunk_document  # noqa: E402

@@ -15,7 +15,8 @@ import psycopg
 from pgvector import HalfVector, SparseVector
 from psycopg.types.json import Jsonb
 
-from corpusync.adapters.embedders import Embedder, build_embedder
+from corpusync.adapters.embedders import build_embedder
+from corpusync.adapters.embedding import Embedder
 from corpusync.core import lexical
 from corpusync.core.errors import CorpusyncError, ModelMismatch
 from corpusync.store import fusions, generations

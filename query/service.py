@@ -35,7 +35,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from corpusync.adapters.embedders import Embedder, EmbeddingOutput, ModelIdentity, build_embedder
+from corpusync.adapters.embedders import build_embedder
+from corpusync.adapters.embedding import Embedder, EmbeddingOutput, ModelIdentity
 from corpusync.core.errors import CorpusyncError, DatabaseError
 from corpusync.store import db, generations
 from query.search import Hit, Searcher

@@ -26,7 +26,7 @@ import hashlib
 import re
 from dataclasses import dataclass, replace
 
-from corpusync.adapters.embedders import Tokenizer
+from corpusync.adapters.embedding import Tokenizer
 from corpusync.core.lexical import CJK
 from schemas.records import Chunk, ChunkedDocument, ParsedDocument
 from tasks.chunk_pack import Crumbs, Piece, Plan, settle, split_long, strip_spans

@@ -10,7 +10,7 @@ import math
 import unicodedata
 from dataclasses import dataclass, replace
 
-from corpusync.adapters.embedders import Tokenizer
+from corpusync.adapters.embedding import Tokenizer
 
 CRUMB_SHARE = 4  # the breadcrumb takes at most 1/4 of the token and character budgets
 FINE = 4  # an over-long sentence is cut into pieces of ~1/4 of the room, which packing then balances

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corpusync.adapters.embedders import Embedder, EmbeddingOutput
+from corpusync.adapters.embedding import Embedder, EmbeddingOutput
 from corpusync.core.vectors import LexicalRows, SparseRows, VectorTable, embedding_batch
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from corpusync.adapters.embedders import Embedder, EmbeddingOutput
+from corpusync.adapters.embedding import Embedder, EmbeddingOutput
 from corpusync.core.errors import ConfigError
 from evaluation import relevance as rel
 from evaluation.gate import (

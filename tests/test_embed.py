@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from corpusync.adapters.embedders import EmbeddingOutput
+from corpusync.adapters.embedding import EmbeddingOutput
 from corpusync.core.errors import ModelMismatch
 from corpusync.core.vectors import VectorTable
 from tasks.embed import EmbedStats, embed_documents, encode_texts
@@ -94,7 +94,7 @@ def test_model_mismatch_is_refused_unless_reembed() -> None:
 def test_sparse_top_k_matches_reference_loop() -> None:
     import torch
 
-    from corpusync.adapters.embedders import sparse_top_k
+    from corpusync.core.vectors import sparse_top_k
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (5, 30), generator=g)
@@ -157,7 +157,7 @@ class _TokenWeights(_OOMOnce):
     def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
         import torch
 
-        from corpusync.adapters.embedders import sparse_top_k
+        from corpusync.core.vectors import sparse_top_k
 
         out = super().embed(texts)
         enc = self.inner.tokenizer(list(texts), padding=True, return_tensors="pt")

@@ -3,7 +3,7 @@
 - tasks/** (the stages) never reach the database: no import, at any level (module, function, TYPE_CHECKING),
   of psycopg / psycopg_pool / pgvector.psycopg or corpusync.store (its db module included).
 - corpusync/store/** (the one data-access layer) sits below everything that calls it: it imports its own
-  modules, the low-level corpusync.core modules, the model identity (corpusync.adapters.embedders), schemas,
+  modules, the low-level corpusync.core modules, the model identity (corpusync.adapters.embedding), schemas,
   and from tasks only the pure helpers it encodes with; never flows, query, evaluation or corpusync.app / cli.
 - SQL lives in sql/: no string literal that starts like an SQL statement in the Python packages, except in
   corpusync/store/db.py (the migration bookkeeping and the named-query loader themselves).
@@ -27,7 +27,7 @@ PACKAGES = ("corpusync", "tasks", "schemas", "query", "evaluation", "flows")
 DATABASE = ("psycopg", "psycopg_pool", "pgvector.psycopg", "corpusync.store.db", "corpusync.store")
 # what corpusync.store may import from this repository's packages (prefixes)
 STORE_MAY_IMPORT = ("corpusync.store", "corpusync.core.errors", "corpusync.core.pgcopy", "corpusync.core.vectors",
-                    "corpusync.adapters.embedders", "schemas", "tasks.diff", "tasks.discover", "tasks.load")
+                    "corpusync.adapters.embedding", "schemas", "tasks.diff", "tasks.discover", "tasks.load")
 # the packages from the bottom up: each may import only those before it (corpusync, the root, holds no code)
 LAYERS = ("corpusync", "corpusync.core", "schemas", "corpusync.adapters", "evaluation", "tasks", "corpusync.store",
           "query", "corpusync.app", "flows", "corpusync.cli",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpusync.adapters.embedders import Tokenizer
+from corpusync.adapters.embedding import Tokenizer
 from corpusync.core.errors import ParseError
 from schemas.records import Block, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document

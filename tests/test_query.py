@@ -201,7 +201,7 @@ def test_sparse_channel_in_sql(empty_conn: Any) -> None:
     conn = empty_conn
     from pgvector import SparseVector
 
-    from corpusync.adapters.embedders import ModelIdentity
+    from corpusync.adapters.embedding import ModelIdentity
     from corpusync.store.versions import register_model
 
     mid = register_model(conn, ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512))

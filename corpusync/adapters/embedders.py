@@ -11,16 +11,16 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from corpusync.adapters.embedding import EmbeddingOutput, ModelIdentity, ModelProcess
 from corpusync.core.errors import ConfigError
 from corpusync.core.fast_tokenizer import FastTokenizer
-from corpusync.core.vectors import SparseRows
+from corpusync.core.vectors import sparse_top_k
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -54,72 +54,6 @@ def skip_training_imports() -> None:
     for name in TRAINING_ONLY:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What makes two vectors comparable. Recorded per model in embedding_models; queries and
-    refreshes refuse to mix identities."""
-
-    name: str
-    revision: str | None
-    weights_sha256: str | None
-    dimension: int
-    pooling: str
-    normalized: bool
-    sparse_trained: bool
-    sparse_dim: int | None
-    max_tokens: int
-
-    @property
-    def identity_hash(self) -> str:
-        d = asdict(self)
-        d.pop("max_tokens")  # a serving limit, not part of what a vector means
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-    @property
-    def label(self) -> str:
-        rev = (self.revision or self.weights_sha256 or "?")[:12]
-        return f"{self.name}@{rev} ({self.dimension}-d, {self.pooling})"
-
-
-@dataclass
-class EmbeddingOutput:
-    dense: np.ndarray  # (n, d) float32
-    sparse: SparseRows | None  # CSR token weights, one row per text, or None (no trained sparse head)
-
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Token counts including the model's special tokens."""
-        ...
-
-    def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        """Character (start, end) of each token, special tokens excluded."""
-        ...
-
-
-class ModelProcess(Protocol):
-    """The model in a process of its own (corpusync/adapters/model_host.py). A call raises BrokenProcessPool when
-    that process died."""
-
-    @property
-    def warm(self) -> bool: ...  # its model libraries imported already (a shared server's, from an earlier command)
-    def load(self) -> None: ...
-    def devices(self) -> list[str]: ...
-    def embed(self, texts: Sequence[str]) -> EmbeddingOutput: ...
-    def for_device(self, device: str) -> ModelProcess: ...
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class Embedder(Tokenizer, Protocol):
-    identity: ModelIdentity
-
-    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
-        """Vectors for one batch of texts (the caller batches; this may raise CUDA OOM)."""
-        ...
 
 
 def _weights_hash(model_dir: Path, cache_dir: Path | None) -> str:
@@ -440,43 +374,6 @@ class FlagEmbedder:
                 sparse = None
             dense_t = torch.nn.functional.normalize(dense_t.float(), dim=-1)
         return EmbeddingOutput(dense_t.cpu().numpy().astype(np.float32, copy=False), sparse)
-
-
-def sparse_top_k(weights: Any, input_ids: Any, special_ids: Sequence[int], top_k: int,
-                 vocab_size: int | None = None) -> SparseRows:
-    """Vectorised BGE-M3 lexical weights: per text, the max weight of each token id (special tokens and
-    padding out), then its top_k ids, as CSR rows with ascending ids. One scatter-amax into a (rows x vocab)
-    buffer, one topk and one sort on the device, instead of FlagEmbedding's per-token Python loop and a dict
-    per text; rows are processed in slices that keep the buffer near 64 MiB."""
-    import torch
-
-    w = torch.clamp(weights.float(), min=0.0)
-    ids = input_ids.long()
-    if special_ids:
-        w = w.masked_fill(torch.isin(ids, torch.tensor(list(special_ids), device=ids.device)), 0.0)
-    vocab = vocab_size or int(ids.max().item()) + 1
-    k = min(top_k, vocab)
-    step = max(1, (1 << 24) // vocab)
-    counts: list[np.ndarray] = []
-    indices: list[np.ndarray] = []
-    values: list[np.ndarray] = []
-    for start in range(0, ids.shape[0], step):
-        sl = slice(start, start + step)
-        buf = torch.zeros((ids[sl].shape[0], vocab), dtype=w.dtype, device=w.device)
-        buf.scatter_reduce_(1, ids[sl], w[sl], reduce="amax", include_self=True)
-        vals, idx = torch.topk(buf, k, dim=1)
-        idx = torch.where(vals > 0, idx, vocab)  # zero weights sort last and are dropped
-        idx, order = torch.sort(idx, dim=1)
-        vals = torch.gather(vals, 1, order)
-        keep = idx < vocab
-        counts.append(keep.sum(dim=1).cpu().numpy())
-        indices.append(idx[keep].to(torch.int32).cpu().numpy())
-        values.append(vals[keep].cpu().numpy())
-    n = np.concatenate(counts) if counts else np.zeros(0, np.int64)
-    indptr = np.zeros(len(n) + 1, np.int64)
-    np.cumsum(n, out=indptr[1:])
-    return SparseRows(indptr, np.concatenate(indices) if indices else np.zeros(0, np.int32),
-                      np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32))
 
 
 def _read_revision(model_dir: Path) -> str | None:

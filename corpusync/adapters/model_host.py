@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder, preload_libraries, skip_training_imports
+from corpusync.adapters.embedders import FlagEmbedder, preload_libraries, skip_training_imports
+from corpusync.adapters.embedding import EmbeddingOutput
 from corpusync.core.lifetime import watch_parent
 
 _hosts: set[ModelHost] = set()

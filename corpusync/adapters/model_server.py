@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from corpusync.adapters.embedders import EmbeddingOutput, FlagEmbedder
+    from corpusync.adapters.embedders import FlagEmbedder
+    from corpusync.adapters.embedding import EmbeddingOutput
 
 STATE_DIR = "model-server"
 START_TIMEOUT_S = 30.0  # for a server just started to listen (it listens before it imports anything)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corpusync.adapters.embedders import Embedder, build_embedder
+from corpusync.adapters.embedders import build_embedder
+from corpusync.adapters.embedding import Embedder
 from corpusync.app import build, pipeline
 from corpusync.app.runtime import writer_session
 from corpusync.store import generations, versions

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpusync.adapters.embedders import Embedder, FlagEmbedder, preload_libraries
+from corpusync.adapters.embedders import FlagEmbedder, preload_libraries
+from corpusync.adapters.embedding import Embedder
 from corpusync.app.runtime import RefreshContext
 from corpusync.core import lexical, progress
 from corpusync.core.errors import EvalGateFailed

@@ -21,7 +21,7 @@ from tasks.discover import access_of
 from tasks.load import batch_terms, chunk_fields, lexical_tokens, posting_fields
 
 if TYPE_CHECKING:
-    from corpusync.adapters.embedders import ModelIdentity
+    from corpusync.adapters.embedding import ModelIdentity
 
 
 def find_model(conn: psycopg.Connection, identity_hash: str) -> int | None:
