@@ -242,6 +242,22 @@ def _parse_pickled(src: SourceFile) -> tuple[Any, ...]:
 
 # --- in the parent -----------------------------------------------------------------------------------------
 
+WARM_DIR_PREFIX = "corpusync-warm-"  # + the refresh's pid: the folder of its pool's warm-up samples
+
+
+def _remove_orphaned_warm_dirs() -> None:
+    """The warm-up folders of refreshes that are gone (SIGKILLed: no clean-up ran), this user's only."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WARM_DIR_PREFIX}*-*"):
+        pid = path.name[len(WARM_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another user (PermissionError), or the folder just went
+            continue
+
 @dataclass
 class _Job:
     index: int
@@ -283,7 +299,8 @@ class ParsePool:
     # -- the pool --
     def _running_pool(self) -> ProcessPool:
         if self._pool is None:
-            self._warm_dir = tempfile.mkdtemp(prefix="corpusync-warm-")
+            _remove_orphaned_warm_dirs()
+            self._warm_dir = tempfile.mkdtemp(prefix=f"{WARM_DIR_PREFIX}{os.getpid()}-")
             self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
                                      initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
                                                os.getpid(), self._warm_dir),

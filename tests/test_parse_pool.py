@@ -178,3 +178,43 @@ def test_a_pool_that_broke_between_documents_is_replaced(tmp_path: Path) -> None
         assert pool.parse(die).blocks
         time.sleep(1.5)  # the idle worker is killed: pebble declares its pool broken
         assert [outcome(r) for _, r in pool.parse_many([good, good])] == ["ok", "ok"]
+
+
+def test_a_pool_removes_the_warm_up_folders_of_refreshes_that_were_killed(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refresh SIGKILLed with its pool running leaves its warm-up folder (no clean-up runs); the next pool
+    removes it, and leaves the folders of pools that are still running."""
+    import subprocess
+    import sys
+    import tempfile
+
+    repo = Path(__file__).resolve().parent.parent
+    note = text_file(tmp_path / "note.txt", "A short note.")
+    code = ("import hashlib, sys, time\n"
+            "from datetime import UTC, datetime\nfrom pathlib import Path\n"
+            "from schemas.records import SourceFile\nfrom tasks.parse import ParseOptions\n"
+            "from tasks.parse_worker import ParsePool\n"
+            "p = Path(sys.argv[1]); data = p.read_bytes()\n"
+            "src = SourceFile(p.name, p, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())\n"
+            "pool = ParsePool(ParseOptions(), workers=1, timeout_s=60, memory_mb=2048, warm_for=['a.txt'])\n"
+            "pool.parse(src)\nprint('parsed', flush=True)\ntime.sleep(120)\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    killed = subprocess.Popen([sys.executable, "-c", code, str(note.abs_path)], cwd=repo, text=True,
+                              stdout=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temp)})
+    try:
+        assert killed.stdout is not None and killed.stdout.readline() == "parsed\n"
+    finally:
+        killed.kill()
+        killed.wait()
+    orphans = list(temp.glob(f"corpusync-warm-{killed.pid}-*"))
+    assert len(orphans) == 1 and orphans[0].is_dir()  # what a SIGKILL leaves
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    with ParsePool(ParseOptions(), workers=1, timeout_s=60, memory_mb=2048, warm_for=TXT) as pool:
+        assert pool.parse(note).blocks
+        running = list(temp.glob(f"corpusync-warm-{os.getpid()}-*"))
+        with ParsePool(ParseOptions(), workers=1, timeout_s=60, memory_mb=2048, warm_for=TXT) as other:
+            assert other.parse(note).blocks
+            assert all(p.is_dir() for p in running) and len(running) == 1  # a running pool's folder stays
+        assert not orphans[0].exists()
+    assert not list(temp.glob("corpusync-warm-*"))
