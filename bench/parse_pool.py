@@ -38,6 +38,7 @@ import pymupdf  # noqa: E402
 
 from corpusync.core.errors import ParseError  # noqa: E402
 from schemas.records import SourceFile  # noqa: E402
+from schemas.settings import Settings  # noqa: E402
 from tasks.parse import ParseOptions, parse_document  # noqa: E402
 from tasks.parse_worker import ParsePool, default_workers  # noqa: E402
 
@@ -122,7 +123,8 @@ def main() -> None:
     args = ap.parse_args()
     root = args.data or next(p for p in (REPO.parent / "shared/data/corpus", REPO / "tests/data/corpus") if p.is_dir())
     options = ParseOptions()
-    timeout_s, per_page_s = 600.0, 5.0  # the refresh's defaults (schemas/settings.py)
+    fields = Settings.model_fields  # the refresh's deadlines
+    timeout_s, per_page_s = fields["parse_timeout_s"].default, fields["parse_timeout_per_page_s"].default
 
     candidates = text_pdfs(root)
     pages_of = {p: n for p, n in candidates}

@@ -141,7 +141,7 @@ def test_only_the_homes_key_connects_and_a_refused_command_runs_the_model_itself
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(path))
         with pytest.raises(AuthenticationError):
-            model_server._handshake(sock, b"not the home's key", server=False)
+            model_server.handshake(sock, b"not the home's key", server=False)
         assert _alive(pid) and encode_texts(e, TEXTS[:2], token_budget=512).dense.shape[0] == 2  # still served
 
         (host.state / "authkey").unlink()  # a new key (the folder was recreated): the old server refuses it

@@ -98,7 +98,7 @@ def socket_path(state: Path, key: str) -> Path:
     return _private_dir(Path(tempfile.gettempdir()) / f"corpusync-{os.getuid()}") / f"{key}.sock"
 
 
-def _authkey(state: Path) -> bytes:
+def authkey(state: Path) -> bytes:
     """The home's connection key, created once (written whole, then linked into place: a command that loses
     the race reads the winner's complete key)."""
     path = _private_dir(state) / "authkey"
@@ -130,7 +130,7 @@ def _receive_timeout(fd: int, seconds: float) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(seconds), 0))
 
 
-def _handshake(sock: socket.socket, authkey: bytes, server: bool) -> Connection:
+def handshake(sock: socket.socket, authkey: bytes, server: bool) -> Connection:
     """Same user, then the key proved both ways (as multiprocessing's Listener and Client do), in bounded time."""
     if not _peer_is_me(sock):
         sock.close()
@@ -280,11 +280,11 @@ class SharedModel:
         except BaseException:
             sock.close()
             raise
-        return _handshake(sock, authkey, server=False)
+        return handshake(sock, authkey, server=False)
 
     def _connect(self) -> Connection:
         """Connect, or start the server and connect: under a lock, so that commands started together start one."""
-        key, path = _authkey(self.state), socket_path(self.state, self.key)
+        key, path = authkey(self.state), socket_path(self.state, self.key)
         try:
             return self._dial(path, key)
         except (ConnectionRefusedError, FileNotFoundError):

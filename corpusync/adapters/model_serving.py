@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corpusync.adapters.model_server import START_TIMEOUT_S, _authkey, _handshake
+from corpusync.adapters.model_server import START_TIMEOUT_S, authkey, handshake
 
 if TYPE_CHECKING:
     from corpusync.adapters.embedders import FlagEmbedder
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class Server:
     def __init__(self, key: str, state: Path, listener: socket.socket, path: Path, linger_s: float) -> None:
         self.key, self.state, self.listener, self.path, self.linger_s = key, state, listener, path, linger_s
-        self.authkey = _authkey(state)
+        self.authkey = authkey(state)
         self.connections = 0
         self.counting = threading.Lock()  # connections, idle_since and the decision to leave
         self.idle_since = time.monotonic() + START_TIMEOUT_S  # the command that started it connects first
@@ -74,7 +74,7 @@ class Server:
         """One command's connection (counted by the accept loop), until it closes: the command ended, or was
         killed, or failed the handshake."""
         try:
-            conn = _handshake(sock, self.authkey, server=True)
+            conn = handshake(sock, self.authkey, server=True)
         except Exception as exc:
             print(f"model server {self.key}: refused a connection: {exc!r}", file=sys.stderr, flush=True)
             self._release()
