@@ -2,4 +2,5 @@
 
 from corpusync.cli import run
 
-run()
+if __name__ == "__main__":  # not on import (tools that walk every module import this one too)
+    run()
