@@ -63,4 +63,5 @@ bench: install
 clean:
 	-$(BIN)/corpusync --home $(DEMO_HOME) model stop
 	-$(BIN)/corpusync --home $(DEMO_HOME) db stop
+	-$(BIN)/corpusync api stop
 	rm -rf $(DEMO_HOME)
