@@ -20,19 +20,20 @@ A document whose text passes ParseOptions.max_chars never leaves the worker: it 
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import multiprocessing as mp
 import os
 import pickle
 import shutil
 import signal
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from corpusync.core.errors import ParseError
 from corpusync.core.lifetime import watch_parent
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
+from tasks.parse_warmup import new_warm_dir, warm_up
 
 ParseFn = Callable[[SourceFile, ParseOptions], ParsedDocument]
 Result = ParsedDocument | ParseError
@@ -110,35 +112,9 @@ def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tu
         from corpusync.core.offline import apply_offline_defaults
 
         apply_offline_defaults()
-        _warm_up(warm, Path(warm_dir) / str(os.getpid()))
+        warm_up(warm, Path(warm_dir) / str(os.getpid()), options)
     except BaseException as exc:  # a warm-up that fails (memory limit) only costs the first parse
         log.debug("parse worker warm-up failed: %s: %s", type(exc).__name__, exc)
-
-
-def _warm_up(kinds: tuple[str, ...], folder: Path) -> None:
-    """Parse a tiny sample of each kind, so the parser modules (unstructured's ~3 s import, PyMuPDF) are
-    loaded before the worker takes a document whose clock is running. The samples go in `folder`, under the
-    pool's own temporary folder: the pool removes it as it stops, even when it kills a worker warming up."""
-    import hashlib
-    from datetime import UTC, datetime
-
-    samples: dict[str, bytes] = {"txt": b"Warm-up.\n", "md": b"# Warm-up\n\nA paragraph.\n"}
-    if "pdf" in kinds:
-        import pymupdf
-
-        pdf = pymupdf.open()
-        pdf.new_page().insert_text((72, 72), "Warm-up.")
-        samples["pdf"] = pdf.tobytes()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        for kind in ("txt", *kinds):
-            path = folder / f"warm-up.{kind}"
-            path.write_bytes(samples[kind])
-            src = SourceFile(path.name, path, len(samples[kind]), datetime.now(UTC),
-                             hashlib.sha256(samples[kind]).hexdigest())
-            parse_document(src, _WORKER["options"])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
@@ -242,22 +218,6 @@ def _parse_pickled(src: SourceFile) -> tuple[Any, ...]:
 
 # --- in the parent -----------------------------------------------------------------------------------------
 
-WARM_DIR_PREFIX = "corpusync-warm-"  # + the refresh's pid: the folder of its pool's warm-up samples
-
-
-def _remove_orphaned_warm_dirs() -> None:
-    """The warm-up folders of refreshes that are gone (SIGKILLed: no clean-up ran), this user's only."""
-    for path in Path(tempfile.gettempdir()).glob(f"{WARM_DIR_PREFIX}*-*"):
-        pid = path.name[len(WARM_DIR_PREFIX):].split("-", 1)[0]
-        try:
-            if not pid.isdigit() or path.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # alive under another user (PermissionError), or the folder just went
-            continue
-
 @dataclass
 class _Job:
     index: int
@@ -266,7 +226,13 @@ class _Job:
     pages: int | None = None
     deadline: float = 0.0
     probing: bool = False  # in flight as count-and-parse: may come back with its page count
+    arrival: float = math.inf  # when its result came back, in order (not yet: last)
     breaks: int = 0
+
+
+def _arrived(job: _Job, order: Iterator[int], _: Future[Any]) -> None:
+    """A future's done-callback: the job's place in the order results came back in."""
+    job.arrival = next(order)
 
 
 class ParsePool:
@@ -299,8 +265,7 @@ class ParsePool:
     # -- the pool --
     def _running_pool(self) -> ProcessPool:
         if self._pool is None:
-            _remove_orphaned_warm_dirs()
-            self._warm_dir = tempfile.mkdtemp(prefix=f"{WARM_DIR_PREFIX}{os.getpid()}-")
+            self._warm_dir = new_warm_dir()
             self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
                                      initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
                                                os.getpid(), self._warm_dir),
@@ -344,12 +309,15 @@ class ParsePool:
         queue = deque(sorted(jobs, key=lambda j: -j.src.size) if largest_first else jobs)
         pending: dict[Future[Any], _Job] = {}
         finished: dict[int, tuple[SourceFile, Result]] = {}
+        arrivals = itertools.count()  # wait() returns a set: yield what it returns in the order it came back
         next_out = 0
         try:
             while queue or pending:
                 while queue and len(pending) < 4 * self.workers:
                     job = queue.popleft()
-                    pending[self._schedule(job)] = job
+                    future = self._schedule(job)
+                    future.add_done_callback(partial(_arrived, job, arrivals))
+                    pending[future] = job
                 limit = max(max(j.deadline for j in pending.values()) + STALL_GRACE_S, 1.0)
                 done, _ = wait(pending, timeout=limit, return_when=FIRST_COMPLETED)
                 if not done or any(isinstance(f.exception(), BrokenProcessPool) for f in done):
@@ -357,7 +325,7 @@ class ParsePool:
                     for job in self._requeue(pending, queue, why):
                         finished[job.index] = (job.src, ParseError(job.src.path, "crashed", (
                             f"{why} {job.breaks} times while this file was being parsed")))
-                for future in done & pending.keys():
+                for future in sorted(done & pending.keys(), key=lambda f: pending[f].arrival):
                     job = pending.pop(future)
                     outcome = self._outcome(job, future)
                     if outcome is None:
