@@ -205,14 +205,10 @@ def test_a_pool_removes_the_warm_up_folders_of_refreshes_that_were_killed(tmp_pa
 
     repo = Path(__file__).resolve().parent.parent
     note = text_file(tmp_path / "note.txt", "A short note.")
-    code = ("import hashlib, sys, time\n"
-            "from datetime import UTC, datetime\nfrom pathlib import Path\n"
-            "from schemas.records import SourceFile\nfrom tasks.parse import ParseOptions\n"
-            "from tasks.parse_worker import ParsePool\n"
-            "p = Path(sys.argv[1]); data = p.read_bytes()\n"
-            "src = SourceFile(p.name, p, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest())\n"
-            "pool = ParsePool(ParseOptions(), workers=1, timeout_s=60, memory_mb=2048, warm_for=['a.txt'])\n"
-            "pool.parse(src)\nprint('parsed', flush=True)\ntime.sleep(120)\n")
+    code = ("import sys, time\nfrom pathlib import Path\nfrom tasks.parse import ParseOptions\n"
+            "from tasks.parse_worker import ParsePool\nfrom tests.test_parse_pool import TXT, source\n"
+            "pool = ParsePool(ParseOptions(), workers=1, timeout_s=60, memory_mb=2048, warm_for=TXT)\n"
+            "pool.parse(source(Path(sys.argv[1])))\nprint('parsed', flush=True)\ntime.sleep(120)\n")
     temp = tmp_path / "tmp"
     temp.mkdir()
     killed = subprocess.Popen([sys.executable, "-c", code, str(note.abs_path)], cwd=repo, text=True,
