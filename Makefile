@@ -16,12 +16,12 @@ install: $(STAMP)
 # scripts/install.sh, the Docker image's install too: torch first and pinned, the CPU build from PyTorch's
 # CPU index on a machine without a GPU (the default index's, with a message, when that index cannot be
 # reached; TORCH=cuda for the CUDA build), then everything else under the verified constraints, through uv
-# (INSTALLER=pip where only a pip mirror is reachable: uv does not read pip's configuration).
+# (INSTALLER=pip, or CORPUSYNC_INSTALLER=pip, where only a pip mirror is reachable: uv does not read pip's
+# configuration; install.sh reads the variable and defaults to uv).
 TORCH ?= auto
-INSTALLER ?= $(or $(CORPUSYNC_INSTALLER),uv)
 $(STAMP): pyproject.toml requirements/constraints.txt scripts/install.sh
 	$(PYTHON) -m venv $(VENV)
-	bash scripts/install.sh --python $(BIN)/python --extras eval,dev --torch $(TORCH) --installer $(INSTALLER)
+	bash scripts/install.sh --python $(BIN)/python --extras eval,dev --torch $(TORCH) $(if $(INSTALLER),--installer $(INSTALLER))
 	touch $(STAMP)
 
 demo: install
