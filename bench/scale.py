@@ -32,17 +32,17 @@ from pathlib import Path
 import psutil  # installed with corpusync's dependencies (a bench-only import)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "data"
+SHARED = REPO.parent / "shared" / "data"  # --data: the same layout elsewhere (goldsets/, corpus/)
 GOLDSETS = ("squad-v1.1-dev", "cmrc2018", "dureader2-demo")
 
 
-def _text_pdfs() -> list[Path]:
+def _text_pdfs(data: Path) -> list[Path]:
     """The shared PDFs under 2 MB with a text layer on every page (a scan would turn the bench into an OCR
     bench: bench/parse_pool.py and the 300-page scan measure that)."""
     import pymupdf
 
     found = []
-    for p in sorted((SHARED / "corpus").rglob("*.pdf")):
+    for p in sorted((data / "corpus").rglob("*.pdf")):
         if p.stat().st_size > 2_000_000:
             continue
         try:
@@ -55,7 +55,7 @@ def _text_pdfs() -> list[Path]:
     return found
 
 
-def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str, int]:
+def make_corpus(dest: Path, size: int, work: Path, pdf_share: float, data: Path = SHARED) -> dict[str, int]:
     """`size` documents in `dest`: the gold sets' passages, `pdf_share` of `size` as copies of the shared text
     PDFs, and the rest as copies of the passages under new names."""
     dest.mkdir(parents=True)
@@ -63,10 +63,10 @@ def make_corpus(dest: Path, size: int, work: Path, pdf_share: float) -> dict[str
     for name in GOLDSETS:
         out = work / f"export-{name}"
         if not out.exists():
-            subprocess.run([*CLI, "goldset", "export", str(SHARED / "goldsets" / name), str(out)], check=True,
+            subprocess.run([*CLI, "goldset", "export", str(data / "goldsets" / name), str(out)], check=True,
                            capture_output=True, cwd=REPO)
         passages += sorted(out.glob("*.txt"))
-    pdfs = _text_pdfs()
+    pdfs = _text_pdfs(data) if pdf_share > 0 else []
     counts = {"passages": 0, "pdfs": 0, "copies": 0}
     n_pdfs = int(size * pdf_share) if pdfs else 0  # the same mix at every size
     for p in passages[:size - n_pdfs]:
@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--pdf-share", type=float, default=0.05, help="share of the documents that are PDF copies")
+    ap.add_argument("--data", type=Path, default=SHARED,
+                    help="folder with goldsets/ and corpus/ (default: ../shared/data)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     workers = [int(x) for x in args.workers.split(",")]
@@ -188,7 +190,7 @@ def main() -> None:
         work = Path(tmp)
         for size in sizes:
             corpus = work / f"corpus-{size}"
-            counts = make_corpus(corpus, size, work, args.pdf_share)
+            counts = make_corpus(corpus, size, work, args.pdf_share, args.data)
             for w in workers:
                 r = build(corpus, work / f"home-{size}-{w}", w)
                 rows.append((size, w, counts, r))
@@ -207,10 +209,13 @@ def main() -> None:
                   f"{large.peak_mb / small.peak_mb:.2f}x (tree); by role: "
                   + ", ".join(f"{k} {large.peak_roles_mb[k] / small.peak_roles_mb[k]:.2f}x"
                               for k in ROLES if small.peak_roles_mb[k] > 0))
-    if 1 in workers and 2 in workers:
+    if 1 in workers:
         for s in sizes:
-            one, two = by[(s, 1)], by[(s, 2)]
-            print(f"{s} documents: wall with 2 parse workers / 1 = {two.wall / one.wall:.2f}x")
+            one = by[(s, 1)]
+            for w in (w for w in workers if w > 1):
+                many = by[(s, w)]
+                print(f"{s} documents: wall with {w} parse workers / 1 = {many.wall / one.wall:.2f}x; parse stage "
+                      f"{one.timings.get('parse', 0):.1f} s -> {many.timings.get('parse', 0):.1f} s")
 
 
 if __name__ == "__main__":
