@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,6 +186,17 @@ class Settings(BaseSettings):
     parse_workers: int | None = Field(
         None, ge=0, description="Isolated parse worker processes working in parallel (0 or unset: one per CPU "
         "this process may run on). Each holds its own parser state and memory limit (parse_memory_mb)."
+    )
+    index_build_workers: int | None = Field(
+        None, ge=0, description="Parallel workers PostgreSQL may use to build a model's HNSW indexes once its "
+        "first build is loaded (max_parallel_maintenance_workers, capped by the server's max_worker_processes). "
+        "Unset: this machine's cores less one, at most 7, for the embedded database; the server's own setting "
+        "for one at database_url."
+    )
+    index_build_memory: str = Field(
+        "1GB", pattern=r"^[1-9][0-9]*(kB|MB|GB)$", description="maintenance_work_mem for that build. The HNSW "
+        "graph of all the model's chunks should fit (about 3 kB per 1024-d chunk: 1GB holds ~350,000); a build "
+        "that outgrows it goes on on disk, several times slower."
     )
     parse_max_chars: int = Field(
         20_000_000,
@@ -389,6 +401,12 @@ class Settings(BaseSettings):
     )
     eval_llm_model: str = Field("gpt-4o-mini", description="Model name at eval_llm_base_url.")
     eval_llm_api_key: SecretStr | None = Field(None, description="API key for eval_llm_base_url.")
+
+    def index_workers(self) -> int | None:
+        """index_build_workers, or its default (see the field)."""
+        if self.index_build_workers is not None or self.database_url is not None:
+            return self.index_build_workers
+        return max(0, min(7, (os.cpu_count() or 1) - 1))
 
     @field_validator("home")
     @classmethod

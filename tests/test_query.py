@@ -202,11 +202,22 @@ def test_sparse_channel_in_sql(empty_conn: Any) -> None:
     from pgvector import SparseVector
 
     from corpusync.adapters.embedding import ModelIdentity
-    from corpusync.store.versions import register_model
+    from corpusync.store.versions import index_model, register_model
 
-    mid = register_model(conn, ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512))
-    index = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (f"chunks_sparse_m{mid}",))
-    assert index.fetchone()[0] == 1
+    identity = ModelIdentity("bge-m3-shaped", "r1", None, 4, "cls", True, True, 16, 512)
+    mid = register_model(conn, identity)
+    names = [f"chunks_dense_m{mid}", f"chunks_sparse_m{mid}"]
+
+    def indexes() -> list[str]:
+        return sorted(r[0] for r in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE indexname = ANY(%s)", (names,)).fetchall())
+
+    assert indexes() == []  # built once the model's first build is loaded, not when it is registered
+    memory = conn.execute("SHOW maintenance_work_mem").fetchone()[0]
+    assert index_model(conn, mid, identity, memory="96MB", workers=1) == names
+    assert indexes() == names
+    assert conn.execute("SHOW maintenance_work_mem").fetchone()[0] == memory  # set for the build only
+    assert index_model(conn, mid, identity, memory="96MB", workers=None) == []  # there: nothing to do
     run = conn.execute("INSERT INTO corpusync.runs (kind) VALUES ('refresh') RETURNING id").fetchone()[0]
     conn.execute("INSERT INTO corpusync.generations (generation, run_id, model_id, status) VALUES (1, %s, %s, "
                  "'published')", (run, mid))

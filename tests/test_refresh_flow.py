@@ -226,6 +226,9 @@ def test_bge_m3_code_path_writes_and_searches_sparse_vectors(prefect_harness, se
     assert 0 < max_nnz <= 24
     index = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'chunks_sparse_m%'").fetchone()[0]
     assert index == 1
+    valid = conn.execute("SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
+                         "c.relname LIKE 'chunks_%_m%' AND i.indisvalid").fetchone()[0]
+    assert valid == 2 and "index" in result["timings"]  # dense and sparse, built after the first build's load
     hits = search(s, "Normandy", k=3, mode="sparse")
     assert hits and all(h.sparse_rank is not None and h.dense_rank is None for h in hits)
     assert [h.sparse_rank for h in hits] == sorted(h.sparse_rank for h in hits)

@@ -169,12 +169,18 @@ class EmbedAhead:
 
 
 def finish_build(ctx: RefreshContext, plan: DiffPlan, validation: Validation) -> int | None:
-    """After the last batch: the validation summary and report, deleted documents out of the candidate."""
+    """After the last batch: the validation summary and report, deleted documents out of the candidate, and
+    the model's HNSW indexes built if this was its first build (before anything searches the candidate)."""
     if validation.results:
         outcome = validation.outcome()
         ctx.summary.validation = {"expectations": outcome.results, "quarantined": sorted(outcome.failures)}
         ctx.validation_report = outcome.markdown()
-    return _retire(ctx, plan)
+    generation = _retire(ctx, plan)
+    if ctx.model_id is not None:
+        with ctx.timed("index"):
+            versions.index_model(ctx.conn, ctx.model_id, ctx.embedder.identity,
+                                 memory=ctx.settings.index_build_memory, workers=ctx.settings.index_workers())
+    return generation
 
 
 def register_model(ctx: RefreshContext) -> int:
