@@ -194,9 +194,11 @@ class Settings(BaseSettings):
         "for one at database_url."
     )
     index_build_memory: str = Field(
-        "1GB", pattern=r"^[1-9][0-9]*(kB|MB|GB)$", description="maintenance_work_mem for that build. The HNSW "
+        "1GB", pattern=r"^[1-9][0-9]*(MB|GB)$", description="maintenance_work_mem for that build. The HNSW "
         "graph of all the model's chunks should fit (about 3 kB per 1024-d chunk: 1GB holds ~350,000); a build "
-        "that outgrows it goes on on disk, several times slower."
+        "that outgrows it goes on on disk, several times slower. A parallel build keeps it in shared memory "
+        "(/dev/shm: give a PostgreSQL container shm_size); where that runs out, the build is done again "
+        "serially, in ordinary memory."
     )
     parse_max_chars: int = Field(
         20_000_000,
@@ -406,7 +408,11 @@ class Settings(BaseSettings):
         """index_build_workers, or its default (see the field)."""
         if self.index_build_workers is not None or self.database_url is not None:
             return self.index_build_workers
-        return max(0, min(7, (os.cpu_count() or 1) - 1))
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # macOS, Windows
+            cores = os.cpu_count() or 1
+        return max(0, min(7, cores - 1))
 
     @field_validator("home")
     @classmethod

@@ -195,6 +195,36 @@ def test_rerank_without_a_reranker_is_skipped_with_a_warning(indexed, conn, embe
 
 
 @pytest.mark.db
+def test_an_index_build_out_of_shared_memory_is_done_again_serially(empty_conn: Any, monkeypatch: Any,
+                                                                      caplog: Any) -> None:
+    """A parallel HNSW build whose shared-memory segment does not fit (a container's 64 MB /dev/shm: PostgreSQL
+    raises 'could not resize shared memory segment', SQLSTATE 53100) is built again with no parallel workers
+    (fault injected: the first build attempt fails as the server would)."""
+    import psycopg
+
+    from corpusync.adapters.embedding import ModelIdentity
+    from corpusync.store import versions
+
+    identity = ModelIdentity("m", "r1", None, 4, "cls", True, False, None, 512)
+    mid = versions.register_model(empty_conn, identity)
+    tried: list[int | None] = []
+    build = versions._build_index
+
+    def out_of_shm(conn: Any, *args: Any, workers: int | None, **kwargs: Any) -> None:
+        tried.append(workers)
+        if workers != 0:
+            raise psycopg.errors.DiskFull('could not resize shared memory segment "/PostgreSQL.1" to 1073741824 '
+                                          "bytes: No space left on device")
+        build(conn, *args, workers=workers, **kwargs)
+
+    monkeypatch.setattr(versions, "_build_index", out_of_shm)
+    assert versions.index_model(empty_conn, mid, identity, memory="64MB", workers=3) == [f"chunks_dense_m{mid}"]
+    assert tried == [3, 0]
+    assert empty_conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"corpusync.chunks_dense_m{mid}",)).fetchone()[0]
+    assert "building it serially" in caplog.text
+
+
+@pytest.mark.db
 def test_sparse_channel_in_sql(empty_conn: Any) -> None:
     """The sparse channel of corpusync.search_hybrid (BGE-M3 weights are not available offline here, so the
     rows are written directly: a 4-d dense + 16-d sparse model, three chunks with known inner products)."""

@@ -7,6 +7,7 @@ until corpusync.store.generations.publish flips the pointer.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ from tasks.load import batch_terms, chunk_fields, lexical_tokens, posting_fields
 
 if TYPE_CHECKING:
     from corpusync.adapters.embedding import ModelIdentity
+
+log = logging.getLogger(__name__)
 
 
 def find_model(conn: psycopg.Connection, identity_hash: str) -> int | None:
@@ -60,12 +63,23 @@ def index_model(conn: psycopg.Connection, model_id: int, identity: ModelIdentity
         row = db.fetch_one(conn, "index_exists", {"name": f"corpusync.{name}"})
         if row and row["present"]:
             continue
-        with conn.transaction():
-            db.execute(conn, "index_build_settings", {"memory": memory, "workers": workers})
-            db.execute(conn, query, index_name=sql.Identifier(name), dim=sql.Literal(dim),
-                       model_id=sql.Literal(model_id))
+        try:
+            _build_index(conn, query, name, dim, model_id, memory=memory, workers=workers)
+        except (psycopg.errors.DiskFull, psycopg.errors.OutOfMemory) as exc:
+            # a parallel build's shared-memory segment did not fit (a container's small /dev/shm): serially
+            log.warning("building %s in parallel ran out of shared memory (%s); building it serially", name,
+                        str(exc).strip().splitlines()[0])
+            _build_index(conn, query, name, dim, model_id, memory=memory, workers=0)
         built.append(name)
     return built
+
+
+def _build_index(conn: psycopg.Connection, query: str, name: str, dim: int, model_id: int, *, memory: str,
+                 workers: int | None) -> None:
+    with conn.transaction():
+        db.execute(conn, "index_build_settings", {"memory": memory, "workers": workers})
+        db.execute(conn, query, index_name=sql.Identifier(name), dim=sql.Literal(dim),
+                   model_id=sql.Literal(model_id))
 
 
 def live_versions(conn: psycopg.Connection, generation: int) -> list[LiveVersion]:
