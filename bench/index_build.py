@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pgvector import HalfVector
 
+from corpusync.store import db
 from corpusync.store.db import open_database, stop_embedded
 from schemas.settings import Settings
 
@@ -52,9 +53,7 @@ def one(conn, vecs: np.ndarray, *, index_first: bool, memory: str, workers: int 
     t0 = time.perf_counter()
     if not index_first:
         with conn.transaction():
-            conn.execute("SELECT set_config('maintenance_work_mem', %s, true), "
-                         "set_config('max_parallel_maintenance_workers', coalesce(%s::text, "
-                         "current_setting('max_parallel_maintenance_workers')), true)", (memory, workers))
+            conn.execute(db.q("index_build_settings"), {"memory": memory, "workers": workers})  # the refresh's
             conn.execute(INDEX.format(dim=dim))
     return load, time.perf_counter() - t0
 

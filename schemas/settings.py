@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ConfigError
 from schemas.records import ParseOptions
 
@@ -408,11 +408,7 @@ class Settings(BaseSettings):
         """index_build_workers, or its default (see the field)."""
         if self.index_build_workers is not None or self.database_url is not None:
             return self.index_build_workers
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # macOS, Windows
-            cores = os.cpu_count() or 1
-        return max(0, min(7, cores - 1))
+        return max(0, min(7, usable_cpus() - 1))
 
     @field_validator("home")
     @classmethod

@@ -39,6 +39,7 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ParseError
 from corpusync.core.lifetime import watch_parent
 from schemas.records import ParsedDocument, SourceFile
@@ -66,11 +67,8 @@ UNSTRUCTURED = (".md", ".markdown", ".html", ".htm", ".docx", ".pptx", ".xlsx", 
 
 
 def default_workers() -> int:
-    """One worker per CPU this process may run on (its affinity mask, where the platform has one)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # macOS, Windows
-        return max(os.cpu_count() or 1, 1)
+    """One worker per CPU this process may run on."""
+    return usable_cpus()
 
 
 def parse_deadline_s(pages: int | None, base_s: float, per_page_s: float) -> float:

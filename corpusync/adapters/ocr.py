@@ -7,7 +7,6 @@ Heavy imports (onnxruntime, paddle) happen on first use, so the CLI starts fast.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import statistics
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ConfigError, OcrError
 from corpusync.core.lexical import is_cjk
 
@@ -68,14 +68,6 @@ def _version(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, where the platform has one)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # macOS, Windows
-        return max(os.cpu_count() or 1, 1)
 
 
 # RapidOCR's settings that differ from its defaults; none changes what is recognised but rec_batch_num (see
