@@ -525,6 +525,10 @@ class Config:
     # seconds between two memory samples of a refresh whose peak is only reported (the hostile refresh, whose
     # peak is held to the bound, is sampled every 0.1 s); 0: 0.1 with --full, else 1.0
     sample_s: float = 0.0
+    # parse workers of the refreshes whose subject is not the pool (0: the machine's default, one per CPU). The
+    # main-pid kill and the hostile refresh always run the default pool: what outlives a SIGKILLed main pid, and
+    # the process tree's memory bound, are about the pool. A worker's warm-up is seconds of CPU per refresh.
+    parse_workers: int = 0
 
     def __post_init__(self) -> None:
         self.gate = self.full if self.gate is None else self.gate
@@ -565,7 +569,7 @@ class Campaign:
     # --- infrastructure ------------------------------------------------------------------------------
 
     def env(self, extra: dict[str, str] | None = None, ephemeral: bool = False) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()  # the parse workers: the machine's default (a test sets 1)
+        env = {k: v for k, v in os.environ.items()  # the parse workers: cfg.parse_workers (a test session sets 1)
                if k not in {"CORPUSYNC_HOME", "DATABASE_URL", "CORPUSYNC_DATABASE_URL", "PREFECT_API_URL",
                             "CORPUSYNC_PARSE_WORKERS"}}
         env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PREFECT_HOME": str(self.root / "prefect"),
@@ -578,6 +582,8 @@ class Campaign:
                 # sets 0: each command loads the model); those that must hold the model in their own tree set 0
                 "CORPUSYNC_MODEL_LINGER_S": "600"}
         env.setdefault("CORPUSYNC_EMBEDDER", "minilm")  # the packaged model, unless one is configured
+        if self.cfg.parse_workers:
+            env["CORPUSYNC_PARSE_WORKERS"] = str(self.cfg.parse_workers)
         if self.cfg.gate:
             env["CORPUSYNC_GOLDSETS"] = json.dumps([str(self.goldset)])
         if self.prefect_url and not ephemeral:
@@ -687,6 +693,13 @@ class Campaign:
 
     def other(self) -> str:
         return "A" if self.state == "B" else "B"
+
+
+def default_pool() -> dict[str, str]:
+    """The setting for the machine's default parse pool (one worker per CPU), whatever cfg.parse_workers is."""
+    from tasks.parse_worker import default_workers
+
+    return {"CORPUSYNC_PARSE_WORKERS": str(default_workers())}
 
 
 def previous_generation(url: str) -> int | None:
@@ -836,7 +849,8 @@ def main_pid_kill(c: Campaign) -> dict[str, Any]:
     target = c.other()
     c.write_state(target)
     proc = c.refresh(c.main, pause="parse@1", ephemeral=True, tag="main-pid-kill",
-                     env={"CORPUSYNC_MODEL_LINGER_S": "0"})  # its model process in its tree, to be checked too
+                     env={"CORPUSYNC_MODEL_LINGER_S": "0",  # its model process in its tree, to be checked too
+                          **default_pool()})
     rec: dict[str, Any] = {"reached_parse": proc.wait_paused(c.cfg.refresh_timeout_s)}
     rec["group_before"] = proc.group_alive()
     os.kill(proc.pid, signal.SIGKILL)
@@ -1025,6 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rss-bound-mib", type=int, default=0,
                     help="bound on the hostile refresh's peak memory (summed PSS of its process tree; default: "
                     "tree_budget_mib() for this machine's parse workers)")
+    ap.add_argument("--parse-workers", type=int, default=0,
+                    help="parse workers of the refreshes whose subject is not the pool (default: one per CPU)")
     ap.add_argument("--only", default="kills,postgres,orphan,concurrency,hostile",
                     help="comma-separated phases to run")
     ap.add_argument("--root", type=Path, help="work folder (default: a new temporary folder)")
@@ -1032,7 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the raw results here as JSON")
     a = ap.parse_args(args)
     cfg = Config(full=a.full, kills=a.kills, plan=a.plan, seed=a.seed, gate=a.gate, prefect=a.prefect or "",
-                 rss_bound_mib=a.rss_bound_mib, root=a.root, keep=a.keep)
+                 rss_bound_mib=a.rss_bound_mib, root=a.root, keep=a.keep,
+                 parse_workers=a.parse_workers)
     campaign = Campaign(cfg)
     try:
         run_all(campaign, a.only.split(","))

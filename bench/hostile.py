@@ -419,12 +419,12 @@ def run_hostile(c: Any) -> dict[str, Any]:
     stay live, and the process tree stay under the RSS bound."""
     import time
 
-    from bench.faults import content, home_url, tree_budget_mib
+    from bench.faults import content, default_pool, home_url, tree_budget_mib
 
     spec = HostileSpec.full() if c.cfg.full else HostileSpec(seed=c.cfg.seed)
     home, src, outside = c.root / "home-hostile", c.root / "hostile" / "src", c.root / "hostile" / "outside"
     src.mkdir(parents=True)
-    env = {} if c.cfg.full else {"CORPUSYNC_PARSE_TIMEOUT_S": "60"}
+    env = default_pool() | ({} if c.cfg.full else {"CORPUSYNC_PARSE_TIMEOUT_S": "60"})
     env["CORPUSYNC_MODEL_LINGER_S"] = "0"  # the model in the refresh's own tree: the memory bound covers it
     if spec.big_mb * MIB <= 200 * MIB:  # below the default limit: lower the limit so the big file exceeds it
         env["CORPUSYNC_MAX_FILE_BYTES"] = str(spec.big_mb * MIB * 3 // 4)
