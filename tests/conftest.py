@@ -25,7 +25,7 @@ os.environ.setdefault("CORPUSYNC_LOCAL_API_LINGER_S", "0")
 os.environ.setdefault("CORPUSYNC_MODEL_LINGER_S", "0")
 # One parse worker per refresh (the default is one per CPU): a worker's start, ~2 s of CPU on 2 cores, paid by
 # every refresh of the suite. Pools of several workers: tests/test_parse_pool.py, and the fault campaign's
-# refreshes (bench/faults.py keeps the default).
+# main-pid kill and hostile corpus (bench/faults.py's default_pool()).
 os.environ.setdefault("CORPUSYNC_PARSE_WORKERS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,6 +96,18 @@ def make_settings(home: Path, db_url: str):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
     return make_settings(tmp_path / "home", db_url)
+
+
+@pytest.fixture
+def lingering_model(settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """A test's CLI commands share the home's model server, as by default (the suite's default is a model per
+    command): each refresh after the first skips starting a model process (tests/test_eval_gate.py: 106 -> 97 s
+    of CPU, the whole machine's, the file run alone). Stopped at the end."""
+    from corpusync.adapters import model_server
+
+    monkeypatch.setenv("CORPUSYNC_MODEL_LINGER_S", "600")
+    yield
+    model_server.stop_servers(settings.home)
 
 
 @pytest.fixture

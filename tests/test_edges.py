@@ -184,7 +184,7 @@ def test_reembed_with_the_same_model_reembeds_everything(prefect_harness, settin
 
 
 def test_cli_json_and_exit_codes_for_every_outcome(  # type: ignore[no-untyped-def]
-        prefect_harness, settings, corpus: Path, conn, capsys: pytest.CaptureFixture[str],
+        prefect_harness, lingering_model, settings, corpus: Path, conn, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORPUSYNC_DATABASE_URL", settings.database_dsn())
     monkeypatch.setenv("CORPUSYNC_CHUNK_MAX_TOKENS", str(settings.chunk_max_tokens))

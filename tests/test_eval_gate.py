@@ -47,7 +47,7 @@ def _state(conn: Any) -> tuple[int, list[tuple[int, str]]]:
 
 
 def test_gate_passes_harmless_change_and_refuses_broken_candidate(
-        prefect_harness, env, corpus: Path, conn, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+        prefect_harness, lingering_model, env, corpus: Path, conn, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
     # generation 1: no baseline yet -> evaluated (floors only) and published
     assert main(["refresh", str(corpus), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)

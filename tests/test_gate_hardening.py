@@ -136,8 +136,8 @@ def test_baseline_mismatch_reasons_and_uncomputed_metric() -> None:
 @pytest.mark.flow
 @pytest.mark.db
 def test_ragas_gated_and_baseline_is_the_same_question_set(
-        prefect_harness: None, env: Any, corpus: Path, conn: Any, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        prefect_harness: None, lingering_model: None, env: Any, corpus: Path, conn: Any,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rows = _gold_rows(corpus)
     gold = _write(corpus.parent / "gold" / "gold.jsonl", rows)
     monkeypatch.setenv("CORPUSYNC_GOLDSETS", json.dumps([str(gold)]))
@@ -214,8 +214,8 @@ def test_ragas_gated_and_baseline_is_the_same_question_set(
 @pytest.mark.flow
 @pytest.mark.db
 def test_same_name_in_two_folders_keeps_apart_and_reports_are_private(
-        prefect_harness: None, env: Any, corpus: Path, conn: Any, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], umask_022: None) -> None:
+        prefect_harness: None, lingering_model: None, env: Any, corpus: Path, conn: Any,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], umask_022: None) -> None:
     rows = _gold_rows(corpus)
     half = len(rows) // 2
     a = _write(corpus.parent / "a" / "gold.jsonl", rows[:half])
