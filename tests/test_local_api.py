@@ -17,8 +17,6 @@ from typing import Any
 
 from test_edges import _alive, _env, _wait_for_child
 
-from corpusync.adapters import model_server
-
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -71,9 +69,9 @@ def _server_pids(supervisor: int) -> list[int]:
 
 
 def test_the_next_command_reuses_the_server_and_api_stop_stops_it(  # type: ignore[no-untyped-def]
-        settings, corpus: Path, tmp_path: Path) -> None:
-    # the model lingers too, as by default: the second refresh reuses it (this file: 103 -> 96 s of CPU)
-    env = _cli_env(settings, tmp_path / "prefect", 600) | {"CORPUSYNC_MODEL_LINGER_S": "600"}
+        lingering_model, settings, corpus: Path, tmp_path: Path) -> None:
+    # the model lingers too (lingering_model), as by default: the second refresh reuses it
+    env = _cli_env(settings, tmp_path / "prefect", 600)
     assert _status(env) is None
     _cli(env, "refresh", str(corpus), "-q")
     first = _status(env)
@@ -96,7 +94,6 @@ def test_the_next_command_reuses_the_server_and_api_stop_stops_it(  # type: igno
         assert _status(env) is None and _cli(env, "api", "stop").stdout.strip() == "not running"
         assert not (tmp_path / "prefect" / "corpusync-local-api" / "state.json").exists()
     finally:
-        model_server.stop_servers(settings.home)
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
