@@ -419,7 +419,8 @@ def run_hostile(c: Any) -> dict[str, Any]:
     stay live, and the process tree stay under the RSS bound."""
     import time
 
-    from bench.faults import content, default_pool, home_url, tree_budget_mib
+    from bench.fault_campaign import default_pool, tree_budget_mib
+    from bench.fault_procs import content, home_url
 
     spec = HostileSpec.full() if c.cfg.full else HostileSpec(seed=c.cfg.seed)
     home, src, outside = c.root / "home-hostile", c.root / "hostile" / "src", c.root / "hostile" / "outside"

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.faults import invariants
+from bench.fault_procs import invariants
 from corpusync.cli import main
 from corpusync.core.errors import CorpusyncError
 from corpusync.store import db

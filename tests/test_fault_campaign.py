@@ -12,18 +12,16 @@ from typing import Any
 
 import pytest
 
-from bench.faults import (
+from bench.fault_campaign import Campaign, Config
+from bench.fault_scenarios import (
     REDUCED_PLAN,
-    Campaign,
-    Config,
-    all_ok,
     kill_round,
     main_pid_kill,
     postgres_kill,
     rollback_during_refresh,
-    table,
     two_writers,
 )
+from bench.faults import all_ok, table
 
 pytestmark = [pytest.mark.slow, pytest.mark.flow, pytest.mark.db]
 
