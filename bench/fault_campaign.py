@@ -185,13 +185,13 @@ class Campaign:
                 pass
             self.prefect_server.wait()
         from corpusync.adapters import model_server
-        from corpusync.store import db
+        from corpusync.store import embedded
         from schemas.settings import Settings
 
         for home in self.homes:
             model_server.stop_servers(home)
             try:
-                db.stop_embedded(Settings(home=home))
+                embedded.stop_embedded(Settings(home=home))
             except Exception as exc:  # cleanup must reach every home
                 print(f"could not stop the database of {home}: {exc}", file=sys.stderr)
         if not self.cfg.keep:

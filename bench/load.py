@@ -45,7 +45,7 @@ from corpusync.core.vectors import (  # noqa: E402
     SparseRows,
     embedding_batch,
 )
-from corpusync.store import db  # noqa: E402
+from corpusync.store import db, embedded  # noqa: E402
 from corpusync.store.db import open_database  # noqa: E402
 from schemas.records import Chunk, ChunkedDocument, EmbeddedDocument  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
@@ -193,7 +193,7 @@ def main() -> None:
     print(f"\ntable size after a load: {', '.join(f'{k} {v:,.0f} MB' for k, v in size_mb.items())}")
     conn.close()
     if args.home is None:
-        db.stop_embedded(settings)
+        embedded.stop_embedded(settings)
         shutil.rmtree(home, ignore_errors=True)
 
 

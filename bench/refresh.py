@@ -31,13 +31,13 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parent.parent / "examples/sample-corpus")
     args = ap.parse_args()
 
-    from corpusync.store import db
+    from corpusync.store import db, embedded
     from flows.refresh import refresh
     from schemas.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="corpusync-bench-") as tmp:
         base = Settings(home=Path(tmp))
-        admin_url = db.resolve_database(base).url
+        admin_url = embedded.resolve_database(base).url
         results: dict[str, list[dict[str, float]]] = {"full": [], "no-change": []}
         for i in range(args.runs):
             name = f"bench_{i}"
@@ -63,7 +63,7 @@ def main() -> None:
         full = statistics.median(r["flow_wall"] for r in results["full"])
         none = statistics.median(r["flow_wall"] for r in results["no-change"])
         print(f"no-change / full = {none / full:.3f}  ({full / none:.1f}x faster)")
-        db.stop_embedded(base)
+        embedded.stop_embedded(base)
 
 
 if __name__ == "__main__":

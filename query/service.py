@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from corpusync.adapters.embedders import build_embedder
 from corpusync.adapters.embedding import Embedder, EmbeddingOutput, ModelIdentity
 from corpusync.core.errors import CorpusyncError, DatabaseError
-from corpusync.store import db, generations
+from corpusync.store import db, embedded, generations
 from query.search import Hit, Searcher
 from schemas.settings import Settings
 
@@ -208,7 +208,7 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
             first = db.connect(serve_url, autocommit=True, application_name="corpusync-serve")
             url = serve_url
         else:
-            url = db.resolve_database(settings).url
+            url = embedded.resolve_database(settings).url
         pool = SearcherPool(settings, url, _LockedEmbedder(inner), pool_size, first=first)
         app.state.pool = pool
         app.state.query_model = inner.identity.label

@@ -57,12 +57,12 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_server: str) -> str:
-    from corpusync.store import db
+    from corpusync.store import db, migrations
 
     with db.connection(pg_server, autocommit=True) as conn:
         conn.execute("CREATE DATABASE corpusync_template")
     with db.connection(_db_url(pg_server, "corpusync_template"), autocommit=True) as conn:
-        db.migrate(conn)
+        migrations.migrate(conn)
     return "corpusync_template"
 
 

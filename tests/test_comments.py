@@ -48,10 +48,10 @@ def test_every_relation_column_and_function_has_a_comment(conn) -> None:  # type
 
 def test_comments_survive_reapplying_the_views(conn) -> None:  # type: ignore[no-untyped-def]
     """The views folder is re-applied on an upgrade: the comments come back with it, guarded DO blocks and all."""
-    from corpusync.store import db
+    from corpusync.store import migrations
 
     with conn.transaction():
-        for view in sorted(db.VIEWS_DIR.glob("*.sql")):
+        for view in sorted(migrations.VIEWS_DIR.glob("*.sql")):
             conn.execute(view.read_text())
     assert conn.execute(MISSING_FUNCTIONS).fetchall() == []
     assert conn.execute(MISSING_RELATIONS).fetchall() == []

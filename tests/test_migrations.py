@@ -8,26 +8,26 @@ import psycopg
 import pytest
 
 from corpusync.core.errors import MigrationError
-from corpusync.store import db
+from corpusync.store import db, migrations
 
 
 def test_landed_migrations_match_lock_file() -> None:
-    locked = json.loads(db.MIGRATION_LOCK.read_text())
-    current = db.lock_entries()
+    locked = json.loads(migrations.MIGRATION_LOCK.read_text())
+    current = migrations.lock_entries()
     for name, checksum in locked.items():
         assert name in current, f"landed migration {name} was deleted"
         assert current[name] == checksum, f"landed migration {name} was edited: add a new migration instead"
     assert set(current) == set(locked), ("a new migration is not in sql/migrations.lock: "
-                                         "python -m corpusync.store.db --lock")
+                                         "python -m corpusync.store.migrations --lock")
 
 
 def test_migrate_is_idempotent_and_refuses_edited_migration(db_url: str) -> None:
     with db.connection(db_url, autocommit=True) as conn:
-        assert db.migrate(conn) == []  # the template already has everything
-        assert db.migrate(conn) == []
+        assert migrations.migrate(conn) == []  # the template already has everything
+        assert migrations.migrate(conn) == []
         conn.execute("UPDATE public.corpusync_migrations SET checksum = 'tampered' WHERE version = 1")
         with pytest.raises(MigrationError, match="must never change"):
-            db.migrate(conn)
+            migrations.migrate(conn)
 
 
 def test_schema_has_tables_and_views(conn: psycopg.Connection) -> None:
@@ -64,7 +64,7 @@ def test_analyst_objects_survive_commands_and_an_upgrade_names_what_it_drops(db_
             conn.execute(f"GRANT SELECT ON corpusync.live_chunks TO {role}")
             oid = conn.execute("SELECT 'corpusync.search_text(text, integer, jsonb)'::regprocedure::oid").fetchone()
             for _ in range(3):  # refresh, query, db status: each opens the database this way
-                assert db.migrate(conn) == []
+                assert migrations.migrate(conn) == []
             assert conn.execute("SELECT to_regclass('public.my_chunks')").fetchone()[0] is not None
             assert conn.execute("SELECT has_table_privilege(%s, 'corpusync.live_chunks', 'SELECT')",
                                 (role,)).fetchone()[0]
@@ -72,10 +72,11 @@ def test_analyst_objects_survive_commands_and_an_upgrade_names_what_it_drops(db_
                                 ).fetchone() == oid
             # an upgrade of the views (their checksum differs) re-creates them and names what it drops
             conn.execute("UPDATE public.corpusync_views SET checksum = 'older'")
-            with caplog.at_level(logging.WARNING, logger="corpusync.store.db"):
-                db.migrate(conn)
+            with caplog.at_level(logging.WARNING, logger="corpusync.store.migrations"):
+                migrations.migrate(conn)
             assert "public.my_chunks" in caplog.text
-            assert conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()[0] == db.views_checksum()
+            row = conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()
+            assert row[0] == migrations.views_checksum()
         finally:
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")

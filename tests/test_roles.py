@@ -15,7 +15,7 @@ from psycopg import errors
 
 from corpusync.app import roles
 from corpusync.core.errors import ConfigError
-from corpusync.store import db
+from corpusync.store import db, embedded
 
 # ---------------------------------------------------------------------------------------------------
 # without a server
@@ -26,14 +26,14 @@ from corpusync.store import db
     ("127.0.0.2", "127.0.0.2", 5432),
 ])
 def test_parse_listen_loopback(value: str, host: str, port: int) -> None:
-    assert db.parse_listen(value) == db.ListenAddress(host, port)
+    assert embedded.parse_listen(value) == embedded.ListenAddress(host, port)
 
 
 @pytest.mark.parametrize("value", ["0.0.0.0:5433", "10.1.2.3:5433", "[::]:5433", "example.com:5433",
                                    "::1:5433", "127.0.0.1:70000", "127.0.0.1:x", ""])
 def test_parse_listen_refuses_non_loopback(value: str) -> None:
     with pytest.raises(ConfigError):
-        db.parse_listen(value)
+        embedded.parse_listen(value)
 
 
 def test_resolve_database_refuses_non_loopback(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_resolve_database_refuses_non_loopback(tmp_path: Path) -> None:
 
     settings = Settings(home=tmp_path, database_url=None, embedded_listen="0.0.0.0:5433")
     with pytest.raises(ConfigError, match="loopback"):
-        db.resolve_database(settings, start=False)
+        embedded.resolve_database(settings, start=False)
 
 
 INITDB_HBA = """# TYPE  DATABASE        USER            ADDRESS                 METHOD
@@ -54,12 +54,12 @@ host    replication     all             127.0.0.1/32            trust
 
 
 def test_hba_scram_on_tcp_socket_untouched() -> None:
-    once = db._hba_with_scram(INITDB_HBA)
+    once = embedded._hba_with_scram(INITDB_HBA)
     active = [line.split() for line in once.splitlines() if line.strip() and not line.startswith("#")]
     assert ["local", "all", "all", "trust"] in active and ["local", "replication", "all", "trust"] in active
     assert [f for f in active if f[0] == "host"] == [
         ["host", "all", "all", "127.0.0.1/32", "scram-sha-256"], ["host", "all", "all", "::1/128", "scram-sha-256"]]
-    assert db._hba_with_scram(once) == once  # idempotent: one block, nothing disabled twice
+    assert embedded._hba_with_scram(once) == once  # idempotent: one block, nothing disabled twice
 
 
 def test_urls_carry_search_path_and_stay_redactable() -> None:
@@ -207,14 +207,14 @@ def tcp_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         yield settings
     finally:
-        db.stop_embedded(settings)
+        embedded.stop_embedded(settings)
 
 
 def test_embedded_listens_on_loopback_with_passwords(tcp_home: Any) -> None:
     from corpusync.store.db import open_database
 
-    listen = db.parse_listen(tcp_home.embedded_listen)
-    loc = db.resolve_database(tcp_home)
+    listen = embedded.parse_listen(tcp_home.embedded_listen)
+    loc = embedded.resolve_database(tcp_home)
     assert loc.listen == listen and f"port={listen.port}" in loc.url  # the socket file follows the port
     with open_database(tcp_home) as conn:
         _require_reader_group(conn)
@@ -243,6 +243,6 @@ def test_embedded_listens_on_loopback_with_passwords(tcp_home: Any) -> None:
             assert roles.revoke_reader(conn, name)
 
     # another process resolving the same settings finds the server listening: no restart
-    db._embedded_uri.cache_clear()
-    assert db.resolve_database(tcp_home).url == loc.url
+    embedded._embedded_uri.cache_clear()
+    assert embedded.resolve_database(tcp_home).url == loc.url
     assert (tcp_home.pgdata / "postmaster.pid").read_text().split()[0] == postmaster

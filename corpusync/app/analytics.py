@@ -11,7 +11,7 @@
     df = to_polars(stmt, eng)
 
 The objects mirror sql/views/*.sql (schema ``corpusync``); they are read-only descriptions, never created
-by SQLAlchemy (the views are owned by the migrations, corpusync.store.db.migrate).
+by SQLAlchemy (the views are owned by the migrations, corpusync.store.migrations.migrate).
 """
 
 from __future__ import annotations
@@ -228,10 +228,10 @@ def sqlalchemy_url(url: str) -> str:
 def engine(settings: Settings | None = None, **kwargs: Any) -> Engine:
     """A SQLAlchemy engine on this index's database (DATABASE_URL, else the embedded server, started on
     demand). Extra keyword arguments go to ``sqlalchemy.create_engine``."""
-    from corpusync.store import db
+    from corpusync.store import embedded
     from schemas.settings import Settings
 
-    location = db.resolve_database(settings if settings is not None else Settings())
+    location = embedded.resolve_database(settings if settings is not None else Settings())
     connect_args = {"application_name": "corpusync-analytics", **kwargs.pop("connect_args", {})}
     eng = sa.create_engine(sqlalchemy_url(location.url), connect_args=connect_args, **kwargs)
 

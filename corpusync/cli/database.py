@@ -20,14 +20,14 @@ app.add_typer(db_app, name="db")
 @db_app.command("status")
 def db_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Where the database is, PostgreSQL and pgvector versions, published generation, row counts."""
-    from corpusync.store import db
+    from corpusync.store import db, embedded
     from corpusync.store.db import open_database
     from corpusync.store.generations import index_state, recent_generations
     from corpusync.store.status import row_counts, server_versions
     from query.search import SERVABLE
 
     settings = load_settings()
-    loc = db.resolve_database(settings)
+    loc = embedded.resolve_database(settings)
     with open_database(settings) as conn:
         pg, vec = server_versions(conn)
         state = index_state(conn) or {}
@@ -66,10 +66,10 @@ def db_url(
         "--tcp", help="Print the TCP URL (embedded server: needs CORPUSYNC_EMBEDDED_LISTEN).")] = False,
 ) -> None:
     """Print the connection URL (for psql, BI tools, SQLAlchemy), with search_path=corpusync,public."""
-    from corpusync.store import db
+    from corpusync.store import db, embedded
 
     settings = load_settings()
-    loc = db.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
+    loc = embedded.resolve_database(settings)  # starts the embedded server, and its TCP listener when configured
     url = db.tcp_url(settings, reader) if reader is not None or tcp else db.with_search_path(loc.url)
     typer.echo(url)
     if reader is not None or tcp:
@@ -82,9 +82,9 @@ def db_url(
 @db_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def db_psql(ctx: typer.Context) -> None:
     """Open psql on the index database (search_path set to corpusync); extra args go to psql."""
-    from corpusync.store import db
+    from corpusync.store import embedded
 
-    url = db.resolve_database(load_settings()).url
+    url = embedded.resolve_database(load_settings()).url
     psql = shutil.which("psql")
     if psql is None:
         with __import__("warnings").catch_warnings():
@@ -98,9 +98,9 @@ def db_psql(ctx: typer.Context) -> None:
 @db_app.command("stop")
 def db_stop() -> None:
     """Stop the embedded PostgreSQL of this home (it otherwise keeps running between commands)."""
-    from corpusync.store import db
+    from corpusync.store import embedded
 
-    stopped = db.stop_embedded(load_settings())
+    stopped = embedded.stop_embedded(load_settings())
     typer.echo("stopped" if stopped else "not running")
 
 
