@@ -215,6 +215,9 @@ def test_ocr_reason() -> None:
     assert ocr_reason("12", 0.9, 0.0) == "no-text"
     assert ocr_reason("\ufffd\ufffd\ufffd \ue001\ue002 " * 10 + "ab", 0.0, 0.0) == "garbage"
     assert ocr_reason(" ".join("Thequickbrownfoxjumpsoverthelazydog"), 0.0, 0.0) == "spaced-out"
+    # unmapped glyph codes as pdfminer prints them (a PDF made from such text): each code is garbage throughout
+    assert ocr_reason("".join(f"(cid:{n})" for n in range(20)) + " Total", 0.0, 0.0) == "garbage"
+    assert ocr_reason(body + "(cid:3)", 0.0, 0.0) is None
     assert ocr_reason(body, 0.95, 0.9) == "scanned-image"
     assert ocr_reason(body, 0.95, 0.0) is None  # a full-page picture under real, visible text
 
@@ -279,6 +282,35 @@ def test_pdf_font_size_headings_become_titles(tmp_path: Path) -> None:
     parsed = parse_document(source(tmp_path / "terms.pdf"), ParseOptions())
     titles = [(b.text, b.level) for b in parsed.blocks if b.kind == "title"]
     assert titles == [("Payment Terms", 1), ("Delivery", 2)]
+
+
+def test_with_ocr_off_an_untrusted_text_layer_is_left_out_and_the_refusal_says_why(tmp_path: Path) -> None:
+    """CORPUSYNC_OCR_ENGINE=none: a page whose text layer cannot be trusted (spaced out, unmapped glyph codes)
+    is recorded as skipped and indexes nothing, as past the OCR cap (it was indexed as it was); a PDF left
+    with no usable page is refused with the count of each cause, nothing OCRed."""
+    spaced = " ".join("The buyer pays the seller within thirty days of the invoice")
+    cids = "".join(f"(cid:{n})" for n in range(40, 80))
+    off = ParseOptions(ocr_engine="none")
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), spaced, fontsize=11)
+    doc.new_page().insert_text((72, 72), "A normal page of text that needs no OCR at all, in plain words.")
+    doc.new_page().insert_text((72, 72), cids, fontsize=8)
+    doc.save(tmp_path / "mixed.pdf")
+    parsed = parse_document(source(tmp_path / "mixed.pdf"), off)
+    assert parsed.metadata["ocr_skipped_pages"] == [1, 3] and parsed.metadata["pages_without_text"] == [1, 3]
+    assert "ocr_pages" not in parsed.metadata and parsed.ocr_engine is None
+    assert [b.page for b in parsed.blocks] == [2] and "needs no OCR" in parsed.blocks[0].text
+
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), spaced, fontsize=11)
+    doc.new_page().insert_text((72, 72), cids, fontsize=8)
+    doc.new_page().insert_text((72, 72), cids, fontsize=8)
+    doc.save(tmp_path / "unusable.pdf")
+    with pytest.raises(ParseError) as refused:
+        parse_document(source(tmp_path / "unusable.pdf"), off)
+    assert refused.value.reason == "no-text" and "unusable.pdf" in str(refused.value)
+    assert ("none of its 3 pages has a usable text layer (2 garbage, 1 spaced out); OCR is off "
+            "(CORPUSYNC_OCR_ENGINE=none)") in str(refused.value)
 
 
 def test_pages_past_the_ocr_cap_keep_only_a_trustworthy_text_layer(tmp_path: Path) -> None:

@@ -28,8 +28,10 @@ _CID = re.compile(r"\(cid:\d+\)")
 
 
 def _garbage(text: str) -> int:
+    """The characters of the text that are garbage: an unmapped "(cid:N)" code counts all its characters (a
+    line of them is all garbage, not one character in eight)."""
     return (0 if text.isascii() else len(_GARBAGE_CHAR.findall(text))) + (
-        len(_CID.findall(text)) if "(cid:" in text else 0)
+        sum(map(len, _CID.findall(text))) if "(cid:" in text else 0)
 
 
 def ocr_reason(text: str, image_cover: float, invisible_share: float) -> str | None:
@@ -79,6 +81,9 @@ def _invisible_share(page: object) -> float:
             invisible += n
     return invisible / total if total else 0.0
 
+
+_REASON_WORDS = {"no-text": "without text", "garbage": "garbage", "spaced-out": "spaced out",
+                 "scanned-image": "scanned"}  # ocr_reason's reasons in an error message
 
 BLANK_MAX_ITEMS = 16  # path segments a page without text or images may draw and still be blank (a frame, rules)
 
@@ -276,7 +281,8 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         pages: list[list[PageBlock]] = []
         special: dict[int, list[Block]] = {}  # page index -> OCR / table blocks
         ocr_pages: list[dict] = []
-        skipped_ocr: list[int] = []
+        skipped_ocr: list[int] = []  # pages that needed OCR and did not get it (OCR off, or past the cap)
+        untrusted: Counter[str] = Counter()  # their reasons
         blank: list[int] = []
         ocr_done: set[int] = set()
         chars = number = 0
@@ -297,10 +303,10 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                     body_sizes[size] += len(t)  # sizes come rounded to 0.1 pt
                 full = "\n".join([t for _, t, _ in found])
                 reason = ocr_reason(full, cover, _invisible_share(page) if cover >= 0.8 else 0.0)
-                if reason and options.ocr_engine != "none":
+                if reason:
                     if reason == "no-text" and cover == 0.0 and _is_blank(page):
                         blank.append(number)
-                    elif len(ocr_pages) < options.ocr_max_pages:
+                    elif options.ocr_engine != "none" and len(ocr_pages) < options.ocr_max_pages:
                         dpi = _render_dpi(page, src.path, options.ocr_dpi)
                         pages.append(ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages))
                         if dpi != options.ocr_dpi:
@@ -310,8 +316,9 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         if chars > options.max_chars:
                             raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
                         continue
-                    else:  # past ocr_max_pages: only another OCR's invisible layer is worth keeping
+                    else:  # OCR off or past ocr_max_pages: only another OCR's invisible layer is worth keeping
                         skipped_ocr.append(number)
+                        untrusted[reason] += 1
                         if reason != "scanned-image":
                             pages.append([])
                             continue
@@ -355,11 +362,14 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         raise ParseError(src.path, "corrupt", f"damaged (MuPDF had to repair it) and none of its {page_count} "
                          "pages has any content left (truncated?)")
     if not blocks:
+        unusable = ", ".join(f"{n} {_REASON_WORDS.get(why, why)}" for why, n in sorted(untrusted.items()))
+        what = f"a usable text layer ({unusable})" if unusable else "a text layer"
         hint = ("OCR is off (CORPUSYNC_OCR_ENGINE=none)" if options.ocr_engine == "none" else
                 f"{len(blank)} blank pages (no text, images or drawings) were not OCRed"
                 + (", OCR found no text on the others" if len(blank) < page_count else "")
-                if blank else "OCR found no text either")
-        raise ParseError(src.path, "no-text", f"none of its {page_count} pages has a text layer; {hint}")
+                if blank else f"past CORPUSYNC_OCR_MAX_PAGES={options.ocr_max_pages}, pages are not OCRed"
+                if unusable else "OCR found no text either")
+        raise ParseError(src.path, "no-text", f"none of its {page_count} pages has {what}; {hint}")
     metadata: dict = {}
     if empty_pages:
         metadata["pages_without_text"] = empty_pages
