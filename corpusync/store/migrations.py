@@ -149,7 +149,7 @@ def lock_entries() -> dict[str, str]:
     return {m.name: m.checksum for m in list_migrations()}
 
 
-if __name__ == "__main__":  # python -m corpusync.store.db --lock : record checksums of a NEW migration
+if __name__ == "__main__":  # python -m corpusync.store.migrations --lock: record checksums of a NEW migration
     import sys
 
     if sys.argv[1:] == ["--lock"]:

@@ -362,13 +362,17 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         raise ParseError(src.path, "corrupt", f"damaged (MuPDF had to repair it) and none of its {page_count} "
                          "pages has any content left (truncated?)")
     if not blocks:
-        unusable = ", ".join(f"{n} {_REASON_WORDS.get(why, why)}" for why, n in sorted(untrusted.items()))
+        unusable = ", ".join(f"{n} {_REASON_WORDS[why]}" for why, n in sorted(untrusted.items()))
         what = f"a usable text layer ({unusable})" if unusable else "a text layer"
-        hint = ("OCR is off (CORPUSYNC_OCR_ENGINE=none)" if options.ocr_engine == "none" else
-                f"{len(blank)} blank pages (no text, images or drawings) were not OCRed"
-                + (", OCR found no text on the others" if len(blank) < page_count else "")
-                if blank else f"past CORPUSYNC_OCR_MAX_PAGES={options.ocr_max_pages}, pages are not OCRed"
-                if unusable else "OCR found no text either")
+        if options.ocr_engine == "none":
+            hint = "OCR is off (CORPUSYNC_OCR_ENGINE=none)"
+        elif blank:
+            hint = (f"{len(blank)} blank pages (no text, images or drawings) were not OCRed"
+                    + (", OCR found no text on the others" if len(blank) < page_count else ""))
+        elif untrusted:
+            hint = f"past CORPUSYNC_OCR_MAX_PAGES={options.ocr_max_pages}, pages are not OCRed"
+        else:
+            hint = "OCR found no text either"
         raise ParseError(src.path, "no-text", f"none of its {page_count} pages has {what}; {hint}")
     metadata: dict = {}
     if empty_pages:
