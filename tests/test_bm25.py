@@ -228,6 +228,16 @@ def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: 
     assert main(["query", '"付款方式" 合同', "--mode", "lexical", "-k", "20", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert hits and all("付款方式" in indexed_text(conn, SimpleNamespace(chunk_id=h["chunk_id"])) for h in hits)
+    # fewer hits than asked: the table says why (a Chinese question's “” make a required phrase)
+    assert main(["query", "“付款方式”是什么", "-k", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert "付款方式" in out and f"{len(hits)} of 20 hits: each must contain \"付款方式\"" in err
+    assert main(["query", "Super Bowl -Panthers", "-k", "5", "-f", "year>=2999"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "no hits"
+    assert "0 of 5 hits: chunks holding panthers are left out; filtered by year>=2999" in err
+    assert main(["query", "Super Bowl", "-k", "3"]) == 0
+    assert capsys.readouterr().err == ""  # as many as asked: no note
     # an absurd k is a clear error (exit 2), not an unhandled hnsw.ef_search failure
     assert main(["query", "Super Bowl", "-k", "99999999999"]) == 2
     assert "more than 10000 hits" in capsys.readouterr().err

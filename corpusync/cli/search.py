@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from corpusync.cli.base import app, load_settings
 from corpusync.core.errors import CorpusyncError
+
+if TYPE_CHECKING:
+    from corpusync.core.lexical import ParsedQuery
 
 
 @app.command()
@@ -39,10 +42,15 @@ def query(
     if as_json:
         typer.echo(json.dumps([h.as_dict() for h in hits], ensure_ascii=False, indent=2))
         return
-    if not hits:
+    from corpusync.core.lexical import Analyzer
+
+    q = Analyzer.from_settings(settings).query(text)
+    if hits:
+        _print_hits(q, hits)
+    else:
         typer.echo("no hits")
-        return
-    _print_hits(text, hits)
+    if len(hits) < k:
+        typer.echo(fewer_hits_note(q, len(hits), k, mode, parsed), err=True)
 
 
 def _query_embedder(settings: Any) -> Any:
@@ -73,7 +81,27 @@ def _parse_filters(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _print_hits(text: str, hits: Any) -> None:
+def fewer_hits_note(q: ParsedQuery, found: int, k: int, mode: str, filters: dict[str, str]) -> str:
+    """Why a query found fewer than the k hits asked for: each constraint the query put on every channel (a
+    Chinese question's “quoted term” is a required phrase, which surprises), else what the mode can find."""
+    why = []
+    if q.phrases:
+        why.append("each must contain " + ", ".join(f'"{p}"' for p in q.phrases)
+                   + " (quotes, “” included, make a phrase required: drop them to rank by its words instead)")
+    if q.excluded_terms or q.excluded_phrases:
+        left_out = [*q.excluded_terms, *(f'"{p}"' for p in q.excluded_phrases)]
+        why.append("chunks holding " + " or ".join(left_out) + " are left out")
+    if filters:
+        why.append("filtered by " + ", ".join(f"{key}{value}" if key[-1] in "<>=" else f"{key}={value}"
+                                            for key, value in filters.items()))
+    if mode == "lexical" and not q.phrases:
+        why.append("lexical mode finds only chunks holding one of the query's words")
+    if not why:
+        why.append("the generation holds no more chunks that match")
+    return f"{found} of {k} hits: " + "; ".join(why)
+
+
+def _print_hits(q: ParsedQuery, hits: Any) -> None:
     """A table: rank, score, source:page, section, snippet with the query's terms highlighted."""
     import re
 
@@ -81,10 +109,7 @@ def _print_hits(text: str, hits: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from corpusync.core.lexical import Analyzer
-
-    terms = sorted({t for t in Analyzer.from_settings(load_settings()).query(text).terms if len(t) > 1}, key=len,
-                   reverse=True)
+    terms = sorted({t for t in q.terms if len(t) > 1}, key=len, reverse=True)
     pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE) if terms else None
     table = Table(show_lines=False, expand=True)
     table.add_column("#", justify="right")
