@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corpusync.adapters.embedding import EmbeddingOutput, ModelIdentity, ModelProcess
+from corpusync.adapters.model_card import declared_languages, reads_script, script_of
 from corpusync.core.errors import ConfigError
 from corpusync.core.fast_tokenizer import FastTokenizer
 from corpusync.core.vectors import sparse_top_k
@@ -225,19 +226,27 @@ class FlagEmbedder:
         return [tuple(o) for o in enc["offset_mapping"]]
 
     def coverage(self, words: Sequence[str]) -> float:
-        """Share of the words the model can read: a word is readable when none of its pieces is the unknown
-        token (MiniLM knows a few Chinese characters but almost no Chinese word; bge-m3 reads them all).
-        Words are the lexical analyzer's query terms, so every language is measured the same way."""
+        """Share of the words the model can read: a word is readable when it is written in a script of a
+        language the model's card names (model_card.py: MiniLM's names English, bge-m3's none) and none of its
+        pieces is the unknown token (MiniLM knows a few Chinese characters but almost no Chinese word). Words
+        are the lexical analyzer's query terms, so every language is measured the same way; words without a
+        letter (numbers) count only in a query of nothing else."""
         if not words:
             return 1.0
+        scripts = {w: script_of(w) for w in words}
+        words = [w for w in words if scripts[w] is not None] or list(words)  # a number tells no language
+        languages = declared_languages(self.model_dir)
+        known = [w for w in words if reads_script(scripts[w], languages)]
+        if not known:
+            return 0.0
         counter = self.counter
         unk = counter.unk_token_id
         if isinstance(counter, FastTokenizer):
-            ids = counter.ids(words)
+            ids = counter.ids(known)
         else:
             with self._tokenizing:
-                ids = counter(list(words), add_special_tokens=False, truncation=False)["input_ids"]
-        return sum(unk not in row for row in ids) / len(ids)
+                ids = counter(known, add_special_tokens=False, truncation=False)["input_ids"]
+        return sum(unk not in row for row in ids) / len(words)
 
     # -- model (expensive: loads weights on first embed) -----------------------------------------------
     @cached_property

@@ -1,0 +1,85 @@
+"""What a model's card (the README.md beside its weights, Hugging Face's format) says it reads: the
+`language:` of its YAML front matter. A dense model trained on English ranks Chinese text by noise (MiniLM:
+dense recall@5 0.16 on CMRC 2018 against 0.98 for BM25), although its vocabulary holds many Chinese
+characters, so the query's words must also be in a script of a language the card names. A card that names
+none, says `multilingual`, or is missing (bge-m3's names no language) puts no limit on what the model reads."""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger("corpusync.embed")
+
+# The languages (ISO 639-1, or 639-3 where there is no two-letter code) written in each script other than
+# Latin, as the first word of a letter's Unicode name gives it. A language here that is written in Latin too
+# (Serbian, Kazakh, Azerbaijani, Uzbek, Kurdish, Malay, Tatar) is also in _LATIN_TOO.
+_SCRIPT_LANGUAGES: dict[str, frozenset[str]] = {script: frozenset(codes.split()) for script, codes in {
+    "CJK": "zh ja yue lzh wuu gan hak nan cdo cmn",
+    "HIRAGANA": "ja", "KATAKANA": "ja", "HANGUL": "ko",
+    "CYRILLIC": "ru uk be bg mk sr kk ky mn tg tt ba cv ce os sah ab cu uz az",
+    "GREEK": "el grc",
+    "ARABIC": "ar fa ur ps ug sd ckb ku arz ks pnb azb ms",
+    "HEBREW": "he iw yi",
+    "DEVANAGARI": "hi mr ne sa mai bho new kok",
+    "BENGALI": "bn as", "GURMUKHI": "pa", "GUJARATI": "gu", "ORIYA": "or", "TAMIL": "ta", "TELUGU": "te",
+    "KANNADA": "kn", "MALAYALAM": "ml", "SINHALA": "si", "THAI": "th", "LAO": "lo", "KHMER": "km",
+    "MYANMAR": "my", "TIBETAN": "bo dz", "GEORGIAN": "ka", "ARMENIAN": "hy", "ETHIOPIC": "am ti",
+}.items()}
+_NOT_LATIN = frozenset().union(*_SCRIPT_LANGUAGES.values())
+_LATIN_TOO = frozenset({"sr", "kk", "az", "uz", "ku", "ms", "tt"})
+_EVERY_LANGUAGE = frozenset({"multilingual", "mul"})
+
+
+def declared_languages(model_dir: Path) -> frozenset[str] | None:
+    """The languages the model's card names (lower case), or None when it names none or says multilingual:
+    then the model is taken to read every language."""
+    return _declared(model_dir.resolve())
+
+
+@cache
+def _declared(model_dir: Path) -> frozenset[str] | None:
+    card = model_dir / "README.md"
+    try:
+        text = card.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not text.startswith("---"):
+        return None
+    front, sep, _ = text[3:].partition("\n---")
+    if not sep:
+        return None
+    import yaml
+
+    try:
+        meta = yaml.safe_load(front)
+    except yaml.YAMLError as exc:  # a damaged card limits nothing; say so once
+        log.warning("%s: the model card's front matter is not YAML (%s); its languages are not read", card, exc)
+        return None
+    value = meta.get("language") if isinstance(meta, dict) else None
+    codes = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    languages = frozenset(str(c).strip().lower().replace("_", "-").split("-")[0] for c in codes if c)
+    return None if not languages or languages & _EVERY_LANGUAGE else languages
+
+
+def script_of(word: str) -> str | None:
+    """The script of the word's first letter (LATIN, CJK, HANGUL, ...), or None for a word without letters
+    (a number, an identifier's digits): those every model reads."""
+    for ch in word:
+        if ch.isalpha():
+            name = unicodedata.name(ch, "")
+            return name.split(" ", 1)[0] if name else None
+    return None
+
+
+def reads_script(script: str | None, languages: frozenset[str] | None) -> bool:
+    """Whether a model that reads `languages` (None: all) reads words in `script`. A script this module does
+    not know is given the benefit of the doubt."""
+    if languages is None or script is None:
+        return True
+    if script == "LATIN":
+        return bool(languages - _NOT_LATIN or languages & _LATIN_TOO)
+    written_in = _SCRIPT_LANGUAGES.get(script)
+    return written_in is None or bool(languages & written_in)
