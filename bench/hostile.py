@@ -4,33 +4,39 @@
 random-byte files under every supported extension, an encrypted PDF, a PDF of blank pages, pixel bombs, a zip
 bomb named .docx, a file of `big_mb` MB, a single line of `single_line_mb` MB, invalid UTF-8 and NUL bytes,
 odd file names, symlink loops, links out of the source folder and an HTML page carrying a huge base64
-image. It returns what each file may become: `indexed`, `quarantined`, `skipped` (never seen as a
-document) or a set of those. `corrupt_in_place` then damages good documents that were indexed before.
+image (the files are made in bench/hostile_files.py). It returns what each file may become: `indexed`,
+`quarantined`, `skipped` (never seen as a document) or a set of those. `corrupt_in_place` then damages good
+documents that were indexed before.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import os
 import random
 import shutil
-import struct
-import zipfile
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.hostile_files import (
+    IMAGE_EXTS,
+    WORDS,
+    office_bytes,
+    pdf_bytes,
+    pixel_bomb,
+    prose,
+    valid_sample,
+    zip_bomb_docx,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"
 GOOD_SAMPLES = ["docs/contract-terms.md", "en/Normans.md", "zh/DEV_0.txt", "zh/DEV_1.txt"]
 TEXT_EXTS = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".csv", ".tsv"}
-IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
-OFFICE_EXTS = {".docx", ".pptx", ".xlsx", ".xlsm"}
 LEGACY_EXTS = {".doc", ".xls", ".ppt"}
 INDEXED, QUARANTINED, SKIPPED = "indexed", "quarantined", "skipped"
 EITHER = frozenset({INDEXED, QUARANTINED})
@@ -58,8 +64,6 @@ class HostileSpec:
 
 
 Expect = str | frozenset[str]
-WORDS = ("contract payment clause river forest harbour ledger invoice amendment warranty delivery "
-         "budget audit schedule notice tender").split()
 
 
 def supported_extensions() -> list[str]:
@@ -79,138 +83,6 @@ def sha256_of(path: Path) -> str:
 def shown_path(rel: str) -> str:
     """The path as corpusync reports a file name that is not UTF-8 (surrogates as \\xNN)."""
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-# ------------------------------------------------------------------------------------------------------
-# valid samples of every type
-
-
-def _prose(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words)) + "."
-
-
-def _pdf(pages: list[str]) -> bytes:
-    import pymupdf
-
-    doc = pymupdf.open()
-    for text in pages:
-        page = doc.new_page()
-        if text:
-            page.insert_textbox(pymupdf.Rect(56, 56, 540, 780), text, fontsize=11)
-    out: bytes = doc.tobytes()
-    doc.close()
-    return out
-
-
-def _image(text: str, fmt: str) -> bytes:
-    from PIL import Image, ImageDraw, ImageFont
-
-    img = Image.new("RGB", (900, 220), "white")
-    ImageDraw.Draw(img).text((30, 60), text, fill="black", font=ImageFont.load_default(size=44))
-    buf = io.BytesIO()
-    img.save(buf, format=fmt)
-    return buf.getvalue()
-
-
-def _office(ext: str, title: str, body: str) -> bytes:
-    buf = io.BytesIO()
-    if ext == ".docx":
-        import docx
-
-        d = docx.Document()
-        d.add_heading(title, level=1)
-        d.add_paragraph(body)
-        d.save(buf)
-    elif ext == ".pptx":
-        import pptx
-
-        p = pptx.Presentation()
-        slide = p.slides.add_slide(p.slide_layouts[1])
-        slide.shapes.title.text = title
-        slide.placeholders[1].text = body
-        p.save(buf)
-    else:
-        import openpyxl
-
-        wb = openpyxl.Workbook()
-        ws = wb.active
-        ws.append(["item", "amount", "note"])
-        for i, word in enumerate(body.split()[:20]):
-            ws.append([f"{title} {i}", i * 10, word])
-        wb.save(buf)
-    return buf.getvalue()
-
-
-def valid_sample(ext: str, rng: random.Random, label: str) -> bytes | None:
-    """A small, well-formed document of this extension carrying `label` (None: cannot be made here)."""
-    body = f"{label}. " + _prose(rng, 120)
-    if ext in {".txt", ".text"}:
-        return f"{label}\n\n{body}\n".encode()
-    if ext in {".md", ".markdown"}:
-        return f"# {label}\n\n{body}\n\n## Terms\n\n{_prose(rng, 80)}\n".encode()
-    if ext in {".html", ".htm"}:
-        return f"<html><body><h1>{label}</h1><p>{body}</p></body></html>".encode()
-    if ext in {".csv", ".tsv"}:
-        sep = "," if ext == ".csv" else "\t"
-        rows = [sep.join(["id", "label", "note"])] + [sep.join([str(i), label, rng.choice(WORDS)]) for i in range(30)]
-        return ("\n".join(rows) + "\n").encode()
-    if ext == ".pdf":
-        return _pdf([f"{label}\n\n{body}", _prose(rng, 200)])
-    if ext in OFFICE_EXTS:
-        return _office(ext, label, body)
-    if ext in IMAGE_EXTS:
-        fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".tif": "TIFF", ".tiff": "TIFF"}.get(ext, ext[1:].upper())
-        return _image(label, fmt)
-    return None  # legacy binary Office: LibreOffice would be needed to make one
-
-
-# ------------------------------------------------------------------------------------------------------
-# hostile inputs
-
-
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-
-def pixel_bomb(path: Path, side: int, bit_depth: int = 1) -> None:
-    """A grey PNG of side x side white pixels, compressed as it is written (a few hundred KB on disk)."""
-    ihdr = struct.pack(">IIBBBBB", side, side, bit_depth, 0, 0, 0, 0)
-    row = b"\x00" + b"\xff" * ((side * bit_depth + 7) // 8)
-    comp = zlib.compressobj(9)
-    with path.open("wb") as fh:
-        fh.write(b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr))
-        parts: list[bytes] = []
-        for _ in range(side):
-            if out := comp.compress(row):
-                parts.append(out)
-            if sum(map(len, parts)) > 1 << 20:
-                fh.write(_png_chunk(b"IDAT", b"".join(parts)))
-                parts = []
-        parts.append(comp.flush())
-        fh.write(_png_chunk(b"IDAT", b"".join(parts)))
-        fh.write(_png_chunk(b"IEND", b""))
-
-
-def zip_bomb_docx(path: Path, megabytes: int) -> None:
-    """A .docx whose document.xml inflates to `megabytes` MB of paragraphs (about 1,000:1)."""
-    ns = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
-    types = ('<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-             '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
-             '<Default Extension="xml" ContentType="application/xml"/><Override PartName="/word/document.xml" '
-             'ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/>'
-             '</Types>')
-    rels = ('<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/'
-            'relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-            'relationships/officeDocument" Target="word/document.xml"/></Relationships>')
-    para = ("<w:p><w:r><w:t>" + "bomb " * 12800 + "</w:t></w:r></w:p>").encode()  # 64 KB a paragraph
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
-        zf.writestr("[Content_Types].xml", types)
-        zf.writestr("_rels/.rels", rels)
-        with zf.open("word/document.xml", "w", force_zip64=True) as fh:
-            fh.write(f'<?xml version="1.0"?><w:document {ns}><w:body>'.encode())
-            for _ in range(megabytes * (1 << 20) // len(para)):
-                fh.write(para)
-            fh.write(b"</w:body></w:document>")
 
 
 def _write(root: Path, rel: str | bytes, data: bytes) -> None:
@@ -261,7 +133,7 @@ def build(dest: Path, spec: HostileSpec, outside: Path) -> dict[str, Expect]:
     aes256 = getattr(pymupdf, "PDF_ENCRYPT_AES_256", 5)
     _write(dest, "pdf/encrypted.pdf", doc.tobytes(encryption=aes256, user_pw="secret", owner_pw="owner"))
     doc.close()
-    _write(dest, "pdf/blank-pages.pdf", _pdf([""] * spec.blank_pages))
+    _write(dest, "pdf/blank-pages.pdf", pdf_bytes([""] * spec.blank_pages))
     expect |= {"pdf/encrypted.pdf": QUARANTINED, "pdf/blank-pages.pdf": QUARANTINED}
     (dest / "bombs").mkdir(parents=True, exist_ok=True)
     pixel_bomb(dest / "bombs/pixel-bomb.png", 60000)
@@ -269,7 +141,7 @@ def build(dest: Path, spec: HostileSpec, outside: Path) -> dict[str, Expect]:
     zip_bomb_docx(dest / "bombs/zip-bomb.docx", spec.bomb_mb)
     expect |= {"bombs/pixel-bomb.png": QUARANTINED, "bombs/pixel-large.png": QUARANTINED,
                "bombs/zip-bomb.docx": QUARANTINED}
-    block = (_prose(rng, 150) + "\n\n").encode()
+    block = (prose(rng, 150) + "\n\n").encode()
     with (dest / "bombs/huge.txt").open("wb") as fh:
         for _ in range(spec.big_mb * (1 << 20) // len(block) + 1):
             fh.write(block)
@@ -299,7 +171,7 @@ def _odd_names(dest: Path, rng: random.Random) -> dict[str, Expect]:
              ".hidden.md"]
     expect: dict[str, Expect] = {}
     for name in names:
-        _write(dest, f"odd/{name}", f"# {name!r}\n\n{_prose(rng, 60)}\n".encode())
+        _write(dest, f"odd/{name}", f"# {name!r}\n\n{prose(rng, 60)}\n".encode())
         expect[f"odd/{name}"] = INDEXED
     expect["odd/trailing.dot."] = expect["odd/no-extension"] = NOT_INDEXED  # no parser for the extension
     expect["odd/.hidden.md"] = SKIPPED  # hidden files are excluded by default
@@ -358,22 +230,22 @@ def campaign_states(seed: int = 15) -> dict[str, dict[str, bytes]]:
     the gold documents. The bytes are made once, so the same state always has the same hashes."""
     rng = random.Random(seed)
     base = {rel: (SAMPLE / rel).read_bytes() for rel in STATE_BASE + STATE_CHANGED}
-    moved = f"# Moving document\n\n{_prose(rng, 150)}\n\n## Later\n\n{_prose(rng, 150)}\n".encode()
+    moved = f"# Moving document\n\n{prose(rng, 150)}\n\n## Later\n\n{prose(rng, 150)}\n".encode()
     a = dict(base) | {
-        "gen/a-only-1.md": f"# Only in A\n\n{_prose(rng, 200)}\n".encode(),
-        "gen/a-only-2.txt": f"Only in A, plain text.\n\n{_prose(rng, 200)}\n".encode(),
-        "gen/report.pdf": _pdf([f"Report A page {i}\n\n{_prose(rng, 180)}" for i in range(1, 5)]),
-        "gen/notes.docx": _office(".docx", "Notes, first draft", _prose(rng, 250)),
+        "gen/a-only-1.md": f"# Only in A\n\n{prose(rng, 200)}\n".encode(),
+        "gen/a-only-2.txt": f"Only in A, plain text.\n\n{prose(rng, 200)}\n".encode(),
+        "gen/report.pdf": pdf_bytes([f"Report A page {i}\n\n{prose(rng, 180)}" for i in range(1, 5)]),
+        "gen/notes.docx": office_bytes(".docx", "Notes, first draft", prose(rng, 250)),
         "gen/move-me.md": moved,
     }
     b = {k: v for k, v in a.items() if not k.startswith("gen/a-only") and k != "gen/move-me.md"} | {
         "en/Amazon_rainforest.md": base["en/Amazon_rainforest.md"]
-        + f"\n\n## Addendum\n\n{_prose(rng, 120)}\n".encode(),
+        + f"\n\n## Addendum\n\n{prose(rng, 120)}\n".encode(),
         "zh/DEV_3.txt": base["zh/DEV_3.txt"] + "\n\n补充说明：本段为第二版新增内容。\n".encode(),
-        "gen/report.pdf": _pdf([f"Report B page {i}\n\n{_prose(rng, 180)}" for i in range(1, 6)]),
-        "gen/notes.docx": _office(".docx", "Notes, second draft", _prose(rng, 260)),
-        "gen/b-only-1.md": f"# Only in B\n\n{_prose(rng, 220)}\n".encode(),
-        "gen/b-only-2.csv": ("id,item,note\n" + "".join(f"{i},{rng.choice(WORDS)},{_prose(rng, 6)}\n"
+        "gen/report.pdf": pdf_bytes([f"Report B page {i}\n\n{prose(rng, 180)}" for i in range(1, 6)]),
+        "gen/notes.docx": office_bytes(".docx", "Notes, second draft", prose(rng, 260)),
+        "gen/b-only-1.md": f"# Only in B\n\n{prose(rng, 220)}\n".encode(),
+        "gen/b-only-2.csv": ("id,item,note\n" + "".join(f"{i},{rng.choice(WORDS)},{prose(rng, 6)}\n"
                                                          for i in range(40))).encode(),
         "gen/moved/move-me.md": moved,
     }
