@@ -4,7 +4,6 @@ so the CLI starts fast and a no-change refresh never loads model weights."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import sys
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corpusync.adapters.embedding import EmbeddingOutput, ModelIdentity, ModelProcess
-from corpusync.adapters.model_card import declared_languages, reads_script, script_of
+from corpusync.adapters.model_dir import declared_languages, read_revision, reads_script, script_of, weights_hash
 from corpusync.core.errors import ConfigError
 from corpusync.core.fast_tokenizer import FastTokenizer
 from corpusync.core.vectors import sparse_top_k
@@ -55,39 +54,6 @@ def skip_training_imports() -> None:
     for name in TRAINING_ONLY:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]
-
-
-def _weights_hash(model_dir: Path, cache_dir: Path | None) -> str:
-    """sha256 over the weight files, cached by (path, size, mtime) so big models are hashed once."""
-    files = sorted(p for p in model_dir.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt"} and p.is_file())
-    if not files:
-        raise ConfigError(f"no model weights (*.safetensors, *.bin) found under {model_dir}")
-    stamp = hashlib.sha256(
-        json.dumps([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
-    ).hexdigest()
-    cache_file = (cache_dir / "weights-hash.json") if cache_dir else None
-    cached: dict[str, str] = {}
-    if cache_file and cache_file.exists():
-        try:
-            cached = json.loads(cache_file.read_text())
-        except (OSError, ValueError):
-            cached = {}
-    if stamp in cached:
-        return cached[stamp]
-    h = hashlib.sha256()
-    for p in files:
-        with p.open("rb") as fh:
-            while block := fh.read(1 << 22):
-                h.update(block)
-    digest = h.hexdigest()
-    if cache_file:
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cached[stamp] = digest
-            cache_file.write_text(json.dumps(cached))
-        except OSError:
-            pass
-    return digest
 
 
 def resolve_devices(setting: str) -> list[str]:
@@ -144,8 +110,8 @@ class FlagEmbedder:
         self._host: ModelProcess | None = None
         self.identity = ModelIdentity(
             name=name,
-            revision=_read_revision(model_dir),
-            weights_sha256=_weights_hash(model_dir, cache_dir),
+            revision=read_revision(model_dir),
+            weights_sha256=weights_hash(model_dir, cache_dir),
             dimension=int(cfg["hidden_size"]),
             pooling=pooling,
             normalized=True,
@@ -227,7 +193,7 @@ class FlagEmbedder:
 
     def coverage(self, words: Sequence[str]) -> float:
         """Share of the words the model can read: a word is readable when it is written in a script of a
-        language the model's card names (model_card.py: MiniLM's names English, bge-m3's none) and none of its
+        language the model's card names (model_dir.py: MiniLM's names English, bge-m3's none) and none of its
         pieces is the unknown token (MiniLM knows a few Chinese characters but almost no Chinese word). Words
         are the lexical analyzer's query terms, so every language is measured the same way; words without a
         letter (numbers) count only in a query of nothing else."""
@@ -383,14 +349,6 @@ class FlagEmbedder:
                 sparse = None
             dense_t = torch.nn.functional.normalize(dense_t.float(), dim=-1)
         return EmbeddingOutput(dense_t.cpu().numpy().astype(np.float32, copy=False), sparse)
-
-
-def _read_revision(model_dir: Path) -> str | None:
-    for name in ("revision.txt", ".revision"):
-        p = model_dir / name
-        if p.exists():
-            return p.read_text().strip() or None
-    return None
 
 
 def build_embedder(settings: Settings) -> FlagEmbedder:

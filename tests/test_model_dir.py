@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from corpusync.adapters.model_card import declared_languages, reads_script, script_of
+from corpusync.adapters.model_dir import declared_languages, reads_script, script_of
 
 
 def card(tmp_path: Path, front: str | None, name: str = "m") -> Path:

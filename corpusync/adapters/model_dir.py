@@ -1,15 +1,22 @@
-"""What a model's card (the README.md beside its weights, Hugging Face's format) says it reads: the
-`language:` of its YAML front matter. A dense model trained on English ranks Chinese text by noise (MiniLM:
+"""What a local model directory says about its model: the hash of its weights and its revision (the model's
+identity, stored with every vector), and the languages its card names.
+
+The card is the README.md beside the weights (Hugging Face's format); its YAML front matter's `language:` says
+what the model was trained to read. A dense model trained on English ranks Chinese text by noise (MiniLM:
 dense recall@5 0.16 on CMRC 2018 against 0.98 for BM25), although its vocabulary holds many Chinese
-characters, so the query's words must also be in a script of a language the card names. A card that names
+characters, so a query's words must also be in a script of a language the card names. A card that names
 none, says `multilingual`, or is missing (bge-m3's names no language) puts no limit on what the model reads."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import unicodedata
 from functools import cache
 from pathlib import Path
+
+from corpusync.core.errors import ConfigError
 
 log = logging.getLogger("corpusync.embed")
 
@@ -83,3 +90,45 @@ def reads_script(script: str | None, languages: frozenset[str] | None) -> bool:
         return bool(languages - _NOT_LATIN or languages & _LATIN_TOO)
     written_in = _SCRIPT_LANGUAGES.get(script)
     return written_in is None or bool(languages & written_in)
+
+
+def weights_hash(model_dir: Path, cache_dir: Path | None) -> str:
+    """sha256 over the weight files, cached by (path, size, mtime) so big models are hashed once."""
+    files = sorted(p for p in model_dir.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt"} and p.is_file())
+    if not files:
+        raise ConfigError(f"no model weights (*.safetensors, *.bin) found under {model_dir}")
+    stamp = hashlib.sha256(
+        json.dumps([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+    ).hexdigest()
+    cache_file = (cache_dir / "weights-hash.json") if cache_dir else None
+    cached: dict[str, str] = {}
+    if cache_file and cache_file.exists():
+        try:
+            cached = json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cached = {}
+    if stamp in cached:
+        return cached[stamp]
+    h = hashlib.sha256()
+    for p in files:
+        with p.open("rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    digest = h.hexdigest()
+    if cache_file:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            cached[stamp] = digest
+            cache_file.write_text(json.dumps(cached))
+        except OSError:
+            pass
+    return digest
+
+
+def read_revision(model_dir: Path) -> str | None:
+    """The revision a revision.txt (or .revision) beside the weights names, if any."""
+    for name in ("revision.txt", ".revision"):
+        p = model_dir / name
+        if p.exists():
+            return p.read_text().strip() or None
+    return None
