@@ -353,9 +353,9 @@ class Settings(BaseSettings):
     )
     dense_coverage_weighting: bool = Field(
         True,
-        description="Scale the dense weight by the share of the query the embedding model can read (characters "
-        "its tokenizer does not map to the unknown token): a model that cannot read a language does not vote "
-        "on queries in it.",
+        description="Scale the dense weight by the share of the query's words the embedding model can read (in "
+        "a script of a language its card names, and without a piece its tokenizer maps to the unknown token): a "
+        "model that cannot read a language does not vote on queries in it.",
     )
     reranker_path: Path | None = Field(
         None,
