@@ -24,6 +24,7 @@ def test_declared_languages_from_the_cards_front_matter(tmp_path: Path, embedder
     assert declared_languages(embedder.model_dir) == frozenset({"en"})  # the packaged MiniLM's own card
     assert declared_languages(card(tmp_path, "language:\n- zh\n- EN\nlicense: mit", "list")) == {"zh", "en"}
     assert declared_languages(card(tmp_path, "language: [zh-CN, ja_JP]", "regions")) == {"zh", "ja"}
+    assert declared_languages(card(tmp_path, "language: [eng, zho]", "iso3")) == {"eng", "zh"}
     # no limit: no card, a card naming no language (bge-m3's), multilingual, a damaged card (with a warning)
     assert declared_languages(card(tmp_path, None, "none")) is None
     assert declared_languages(card(tmp_path, "license: mit\npipeline_tag: sentence-similarity", "bge")) is None

@@ -38,6 +38,12 @@ _SCRIPT_LANGUAGES: dict[str, frozenset[str]] = {script: frozenset(codes.split())
 _NOT_LATIN = frozenset().union(*_SCRIPT_LANGUAGES.values())
 _LATIN_TOO = frozenset({"sr", "kk", "az", "uz", "ku", "ms", "tt"})
 _EVERY_LANGUAGE = frozenset({"multilingual", "mul"})
+# three-letter codes (ISO 639-2/3) some cards use, for the languages the table above names by two letters
+_THREE_LETTER = {"zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko", "rus": "ru", "ukr": "uk", "bul": "bg",
+                 "ell": "el", "gre": "el", "ara": "ar", "fas": "fa", "per": "fa", "urd": "ur", "heb": "he",
+                 "hin": "hi", "mar": "mr", "nep": "ne", "ben": "bn", "tam": "ta", "tel": "te", "tha": "th",
+                 "khm": "km", "mya": "my", "bur": "my", "kat": "ka", "geo": "ka", "hye": "hy", "arm": "hy",
+                 "amh": "am", "srp": "sr", "kaz": "kk", "mon": "mn"}
 
 
 def declared_languages(model_dir: Path) -> frozenset[str] | None:
@@ -67,7 +73,8 @@ def _declared(model_dir: Path) -> frozenset[str] | None:
         return None
     value = meta.get("language") if isinstance(meta, dict) else None
     codes = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    languages = frozenset(str(c).strip().lower().replace("_", "-").split("-")[0] for c in codes if c)
+    primary = (str(c).strip().lower().replace("_", "-").split("-")[0] for c in codes if c)
+    languages = frozenset(_THREE_LETTER.get(code, code) for code in primary)
     return None if not languages or languages & _EVERY_LANGUAGE else languages
 
 
