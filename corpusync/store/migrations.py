@@ -54,10 +54,18 @@ def list_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
 
 def views_checksum() -> str:
     """One sha256 over every re-appliable view/function file (names and contents, in order)."""
-    h = hashlib.sha256()
+    return _view_files()[1]
+
+
+def _view_files() -> tuple[list[str], str]:
+    """The view/function files' texts in order, and their checksum: read once, so the checksum an upgrade
+    stores is the one of the texts it applied (a file changed in between cannot pass as applied)."""
+    texts, h = [], hashlib.sha256()
     for view in sorted(VIEWS_DIR.glob("*.sql")):
-        h.update(view.name.encode() + b"\0" + view.read_bytes() + b"\0")
-    return h.hexdigest()
+        data = view.read_bytes()
+        h.update(view.name.encode() + b"\0" + data + b"\0")
+        texts.append(data.decode())
+    return texts, h.hexdigest()
 
 
 def _up_to_date(conn: psycopg.Connection) -> bool:
@@ -131,16 +139,17 @@ def migrate(conn: psycopg.Connection) -> list[str]:
                             singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton), checksum text NOT NULL,
                             applied_at timestamptz NOT NULL DEFAULT now())""")
         row = conn.execute("SELECT checksum FROM public.corpusync_views").fetchone()
-        if row is None or row[0] != views_checksum():
+        view_texts, checksum = _view_files()
+        if row is None or row[0] != checksum:
             dropped = [r[0] for r in conn.execute(_DEPENDENTS).fetchall()]
             if dropped:
                 log.warning(
                     "upgrading corpusync's views drops these objects built on them: %s; re-create them (and "
                     "grants on corpusync views) afterwards", ", ".join(dropped))
-            for view in sorted(VIEWS_DIR.glob("*.sql")):
-                conn.execute(view.read_text())
+            for text in view_texts:
+                conn.execute(text)
             conn.execute("INSERT INTO public.corpusync_views (checksum) VALUES (%s) ON CONFLICT (singleton) "
-                         "DO UPDATE SET checksum = excluded.checksum, applied_at = now()", (views_checksum(),))
+                         "DO UPDATE SET checksum = excluded.checksum, applied_at = now()", (checksum,))
     register_vector(conn)
     return applied
 
