@@ -232,6 +232,9 @@ def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: 
     assert main(["query", "“付款方式”是什么", "-k", "20"]) == 0
     out, err = capsys.readouterr()
     assert "付款方式" in out and f"{len(hits)} of 20 hits: each must contain \"付款方式\"" in err
+    # and that the English test model does not vote on a Chinese question (its card names English)
+    assert ("dense weight x0.00: sentence-transformers/all-MiniLM-L6-v2 reads 0% of the query's words (its card "
+            "names en); ranked by the other channels") in err
     assert main(["query", "Super Bowl -Panthers", "-k", "5", "-f", "year>=2999"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "no hits"

@@ -51,6 +51,22 @@ def query(
         typer.echo("no hits")
     if len(hits) < k:
         typer.echo(fewer_hits_note(q, len(hits), k, mode, parsed), err=True)
+    if mode == "hybrid" and settings.dense_coverage_weighting and (note := _dense_note(embedder, q)):
+        typer.echo(note, err=True)
+
+
+def _dense_note(embedder: Any, q: ParsedQuery) -> str | None:
+    """What the dense channel's weight was scaled by for this query, when the model reads only part of it
+    (a Chinese question to an English model is ranked by the lexical channel alone: say so)."""
+    coverage = getattr(embedder, "coverage", None)
+    if not callable(coverage) or not q.terms or (share := float(coverage(q.terms))) >= 1.0:
+        return None
+    from corpusync.adapters.model_dir import declared_languages
+
+    languages = declared_languages(embedder.model_dir) if hasattr(embedder, "model_dir") else None
+    card = f" (its card names {', '.join(sorted(languages))})" if languages else ""
+    return (f"dense weight x{share:.2f}: {embedder.identity.name} reads {share:.0%} of the query's words{card}"
+            + ("; ranked by the other channels" if share == 0 else ""))
 
 
 def _query_embedder(settings: Any) -> Any:
