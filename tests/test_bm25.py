@@ -241,6 +241,13 @@ def test_query_syntax_and_segment_on_the_cli(sample, conn, capsys, monkeypatch: 
     assert "0 of 5 hits: chunks holding panthers are left out; filtered by year>=2999" in err
     assert main(["query", "Super Bowl", "-k", "3"]) == 0
     assert capsys.readouterr().err == ""  # as many as asked: no note
+    # a query the model reads in part: the note says by how much, unless the fusion gives dense no weight
+    assert main(["query", "合同 HT2023-0876 付款方式", "-k", "3"]) == 0
+    assert "dense weight x0.40: sentence-transformers/all-MiniLM-L6-v2 reads 40% of" in capsys.readouterr().err
+    monkeypatch.setenv("CORPUSYNC_RRF_WEIGHTS", '{"dense": 0}')
+    assert main(["query", "合同 HT2023-0876 付款方式", "-k", "3"]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("CORPUSYNC_RRF_WEIGHTS")
     # an absurd k is a clear error (exit 2), not an unhandled hnsw.ef_search failure
     assert main(["query", "Super Bowl", "-k", "99999999999"]) == 2
     assert "more than 10000 hits" in capsys.readouterr().err

@@ -24,7 +24,20 @@ def test_declared_languages_from_the_cards_front_matter(tmp_path: Path, embedder
     assert declared_languages(embedder.model_dir) == frozenset({"en"})  # the packaged MiniLM's own card
     assert declared_languages(card(tmp_path, "language:\n- zh\n- EN\nlicense: mit", "list")) == {"zh", "en"}
     assert declared_languages(card(tmp_path, "language: [zh-CN, ja_JP]", "regions")) == {"zh", "ja"}
-    assert declared_languages(card(tmp_path, "language: [eng, zho]", "iso3")) == {"eng", "zh"}
+    assert declared_languages(card(tmp_path, "language: [eng, zho]", "iso3")) == {"en", "zh"}
+    assert declared_languages(card(tmp_path, "language: [no, zh]", "norwegian")) == {"no", "zh"}  # not YAML 1.1 false
+    bom = tmp_path / "bom"
+    bom.mkdir()
+    (bom / "README.md").write_text("\ufeff---\r\nlanguage: zh\r\n---\r\n# A model\r\n", encoding="utf-8")
+    assert declared_languages(bom) == {"zh"}
+    # a code it cannot place (Belarusian by three letters, a number, a nested list) limits nothing
+    for i, front in enumerate(("language: [bel]", "language: [en, 1]", "language: [[zh]]")):
+        assert declared_languages(card(tmp_path, front, f"odd{i}")) is None, front
+    # a corrected card is read again (a long-running query service sees it)
+    fixed = card(tmp_path, "language: en", "fixed")
+    assert declared_languages(fixed) == {"en"}
+    (fixed / "README.md").write_text("---\nlanguage: [en, zh]\n---\n", encoding="utf-8")
+    assert declared_languages(fixed) == {"en", "zh"}
     # no limit: no card, a card naming no language (bge-m3's), multilingual, a damaged card (with a warning)
     assert declared_languages(card(tmp_path, None, "none")) is None
     assert declared_languages(card(tmp_path, "license: mit\npipeline_tag: sentence-similarity", "bge")) is None

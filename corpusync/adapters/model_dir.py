@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import unicodedata
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 
 from corpusync.core.errors import ConfigError
@@ -38,44 +39,58 @@ _SCRIPT_LANGUAGES: dict[str, frozenset[str]] = {script: frozenset(codes.split())
 _NOT_LATIN = frozenset().union(*_SCRIPT_LANGUAGES.values())
 _LATIN_TOO = frozenset({"sr", "kk", "az", "uz", "ku", "ms", "tt"})
 _EVERY_LANGUAGE = frozenset({"multilingual", "mul"})
-# three-letter codes (ISO 639-2/3) some cards use, for the languages the table above names by two letters
-_THREE_LETTER = {"zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko", "rus": "ru", "ukr": "uk", "bul": "bg",
+# three-letter codes (ISO 639-2/3) some cards use, for languages with a two-letter code; any other code longer
+# than two letters that the script table does not name is a language this module cannot place: then the card
+# limits nothing (the benefit of the doubt unknown scripts get too)
+_THREE_LETTER = {"eng": "en", "fra": "fr", "fre": "fr", "deu": "de", "ger": "de", "spa": "es", "por": "pt",
+                 "ita": "it", "nld": "nl", "dut": "nl", "vie": "vi", "ind": "id", "tur": "tr", "pol": "pl",
+                 "zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko", "rus": "ru", "ukr": "uk", "bul": "bg",
                  "ell": "el", "gre": "el", "ara": "ar", "fas": "fa", "per": "fa", "urd": "ur", "heb": "he",
                  "hin": "hi", "mar": "mr", "nep": "ne", "ben": "bn", "tam": "ta", "tel": "te", "tha": "th",
                  "khm": "km", "mya": "my", "bur": "my", "kat": "ka", "geo": "ka", "hye": "hy", "arm": "hy",
                  "amh": "am", "srp": "sr", "kaz": "kk", "mon": "mn"}
+_CODE = re.compile("[a-z]{2,3}")
+# the front matter: a first line of "---", then YAML up to a line of "---" (or "...")
+_FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|$)", re.S)
 
 
 def declared_languages(model_dir: Path) -> frozenset[str] | None:
-    """The languages the model's card names (lower case), or None when it names none or says multilingual:
-    then the model is taken to read every language."""
-    return _declared(model_dir.resolve())
-
-
-@cache
-def _declared(model_dir: Path) -> frozenset[str] | None:
-    card = model_dir / "README.md"
+    """The languages the model's card names (lower case), or None when it names none, says multilingual or
+    names one this module cannot place: then the model is taken to read every language. Read again when the
+    card changes (a long-running query service sees a corrected card)."""
+    card = model_dir.resolve() / "README.md"
     try:
-        text = card.read_text(encoding="utf-8", errors="replace")
+        st = card.stat()
     except OSError:
         return None
-    if not text.startswith("---"):
+    return _declared(card, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _declared(card: Path, _mtime_ns: int, _size: int) -> frozenset[str] | None:
+    try:
+        text = card.read_text(encoding="utf-8-sig", errors="replace")  # a BOM before the front matter too
+    except OSError:
         return None
-    front, sep, _ = text[3:].partition("\n---")
-    if not sep:
+    m = _FRONT_MATTER.match(text)
+    if m is None:
         return None
     import yaml
 
-    try:
-        meta = yaml.safe_load(front)
-    except yaml.YAMLError as exc:  # a damaged card limits nothing; say so once
+    try:  # BaseLoader: every value a string (YAML 1.1 would read Norwegian `no` as false)
+        meta = yaml.load(m.group(1), Loader=yaml.BaseLoader)
+    except yaml.YAMLError as exc:  # a damaged card limits nothing; said once per version of the card
         log.warning("%s: the model card's front matter is not YAML (%s); its languages are not read", card, exc)
         return None
     value = meta.get("language") if isinstance(meta, dict) else None
     codes = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    primary = (str(c).strip().lower().replace("_", "-").split("-")[0] for c in codes if c)
+    primary = {c.strip().lower().replace("_", "-").split("-")[0] for c in codes if isinstance(c, str) and c.strip()}
+    if not primary or primary & _EVERY_LANGUAGE:
+        return None
     languages = frozenset(_THREE_LETTER.get(code, code) for code in primary)
-    return None if not languages or languages & _EVERY_LANGUAGE else languages
+    if any(not _CODE.fullmatch(c) or (len(c) == 3 and c not in _NOT_LATIN) for c in languages):
+        return None  # a code this module cannot place
+    return languages
 
 
 def script_of(word: str) -> str | None:

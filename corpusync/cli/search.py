@@ -51,15 +51,18 @@ def query(
         typer.echo("no hits")
     if len(hits) < k:
         typer.echo(fewer_hits_note(q, len(hits), k, mode, parsed), err=True)
-    if mode == "hybrid" and settings.dense_coverage_weighting and (note := _dense_note(embedder, q)):
+    if mode == "hybrid" and settings.dense_coverage_weighting and (note := _dense_note(embedder, q, hits)):
         typer.echo(note, err=True)
 
 
-def _dense_note(embedder: Any, q: ParsedQuery) -> str | None:
+def _dense_note(embedder: Any, q: ParsedQuery, hits: Any) -> str | None:
     """What the dense channel's weight was scaled by for this query, when the model reads only part of it
-    (a Chinese question to an English model is ranked by the lexical channel alone: say so)."""
+    (a Chinese question to an English model is ranked by the lexical channel alone: say so). Not when the
+    dense channel took no part anyway (a fusion whose dense weight is 0: no hit has a dense rank)."""
     coverage = getattr(embedder, "coverage", None)
     if not callable(coverage) or not q.terms or (share := float(coverage(q.terms))) >= 1.0:
+        return None
+    if share > 0 and not any(h.dense_rank is not None for h in hits):
         return None
     from corpusync.adapters.model_dir import declared_languages
 
