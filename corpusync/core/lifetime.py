@@ -6,12 +6,18 @@ its parent's stdout. On Linux the kernel can signal a child when its parent goes
 The signal fires when the *thread* that created the child exits, so children are started from the main
 thread, or from a thread that lives as long as they must. Pool workers, which a pool's own threads start
 and restart, watch their parent's pid instead (`watch_parent`).
+
+A signal only asks: a server that takes its time to stop (Prefect's API server, stopping gracefully while a
+write waits on its SQLite database) would still outlive the command. `python -m corpusync.core.lifetime PARENT
+GRACE_S MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` would, and ends it GRACE_S seconds after
+PARENT went, however its own shutdown fares.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -33,10 +39,10 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def watch_parent(parent: int, interval_s: float = 0.25) -> None:
-    """Run first thing in a pool worker: exit within `interval_s` of `parent` going. A daemon thread polls
-    the parent pid, so it works whichever thread of the parent started the worker (the pool's manager
-    thread restarts workers; a PR_SET_PDEATHSIG tied to a short-lived thread would kill them early) and
+def watch_parent(parent: int, interval_s: float = 0.25, grace_s: float = 0.0) -> None:
+    """Run first thing in a pool worker: exit within `interval_s` (plus `grace_s`) of `parent` going. A daemon
+    thread polls the parent pid, so it works whichever thread of the parent started the worker (the pool's
+    manager thread restarts workers; a PR_SET_PDEATHSIG tied to a short-lived thread would kill them early) and
     while the worker is busy importing or parsing (the thread gets the interpreter lock every few ms)."""
     if os.getppid() != parent:
         os._exit(1)
@@ -45,6 +51,7 @@ def watch_parent(parent: int, interval_s: float = 0.25) -> None:
         while True:
             time.sleep(interval_s)
             if os.getppid() != parent:  # re-parented: the refresh is gone, and nobody will read our result
+                time.sleep(grace_s)  # the time a process asked to stop (PR_SET_PDEATHSIG) has to do so itself
                 os._exit(1)
 
     threading.Thread(target=watch, name="corpusync-watch-parent", daemon=True).start()
@@ -60,3 +67,19 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def bounded_command(parent: int, grace_s: float, module: str, *args: str) -> list[str]:
+    """The command that runs `python -m module args` ended `grace_s` seconds after `parent` goes."""
+    return [sys.executable, "-m", "corpusync.core.lifetime", str(parent), f"{grace_s:g}", module, *args]
+
+
+def _run_bounded(argv: list[str]) -> None:
+    parent, grace_s, module, *args = argv
+    watch_parent(int(parent), interval_s=0.1, grace_s=float(grace_s))
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _run_bounded(sys.argv[1:])

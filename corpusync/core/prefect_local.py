@@ -9,7 +9,8 @@ whose pid is gone, which the supervisor ignores, so nothing outlives its linger 
 lives under PREFECT_HOME, next to the SQLite database the server writes: one server per database.
 
 With a linger of 0 the server is this process's child (`LocalAPI`), started from the main thread with the
-kernel asked to terminate it when its parent dies (PR_SET_PDEATHSIG): it never outlives the command.
+kernel asked to terminate it when its parent dies (PR_SET_PDEATHSIG), and ended a second later if it has not
+stopped by then (`lifetime.bounded_command`): it never outlives the command.
 
 Either way `launch()` only spawns or finds the server and returns at once; the caller loads what the
 refresh needs meanwhile and `serving()` waits for its health check, then points this process's Prefect
@@ -33,9 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpusync.core.lifetime import die_with_parent, stop_process
+from corpusync.core.lifetime import bounded_command, die_with_parent, stop_process
 
 _LOG_NAME = "server.log"
+# After its parent went, the time the server has to stop by itself (it is sent SIGTERM) before it is ended:
+# its graceful stop takes 0.15 s here; a CI run saw one still up 3 s after its refresh was SIGKILLed.
+_ORPHAN_GRACE_S = 1.0
 
 
 def _popen_dying_with_parent(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
@@ -68,10 +72,10 @@ def _app_dir() -> str:
 
 def _server_command(port: int, app_dir: str) -> list[str]:
     """The command Prefect's SubprocessASGIServer runs (prefect/server/api/server.py), spawned without
-    importing the server package into this process."""
-    return [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
-            "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "error", "--lifespan", "on"]
+    importing the server package into this process, and ended soon after this process goes."""
+    return bounded_command(os.getpid(), _ORPHAN_GRACE_S, "uvicorn", "--app-dir", app_dir, "--factory",
+                           "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+                           "--log-level", "error", "--lifespan", "on")
 
 
 def _server_env() -> dict[str, str]:
