@@ -69,6 +69,32 @@ class Hit:
         return f"{self.source}{pages} [{self.char_start}:{self.char_end}]"
 
 
+@dataclass(frozen=True)
+class Applied:
+    """What a search ranked by, so a caller can say why without working it out again: the generation it read,
+    the fusion in force (hybrid: the dense weight after scaling by `dense_coverage`), the channels that ran
+    and the share of the query's words the dense model reads (None where it was not asked: not hybrid, a
+    fusion given as is, coverage weighting off, or a dense weight of 0)."""
+
+    generation: int
+    mode: str
+    fusion: Fusion
+    channels: tuple[str, ...]
+    dense_coverage: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"generation": self.generation, "mode": self.mode, "fusion": self.fusion.as_dict(),
+                "channels": list(self.channels), "dense_coverage": self.dense_coverage}
+
+
+@dataclass
+class Result:
+    """The hits of one search and what it applied."""
+
+    hits: list[Hit]
+    applied: Applied
+
+
 # Generations a search may be pinned to: published ones still retained. Expired generations are partly
 # pruned and discarded ones never passed validation or the gate; candidates only while being evaluated.
 SERVABLE = frozenset({"published", "superseded", "rolled_back", "refused"})
@@ -159,7 +185,15 @@ class Searcher:
     def search(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
                query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
                rerank: bool = False, fusion: Fusion | None = None, pool: int | None = None) -> list[Hit]:
-        """Top-k hits of one generation (the published one unless given), each channel filtered.
+        """Top-k hits of one generation (the published one unless given), each channel filtered: `run`'s
+        hits."""
+        return self.run(text, k, mode, generation, query_vector, filters, rerank, fusion, pool).hits
+
+    def run(self, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
+            query_vector: Sequence[float] | None = None, filters: Mapping[str, Any] | None = None,
+            rerank: bool = False, fusion: Fusion | None = None, pool: int | None = None) -> Result:
+        """Top-k hits of one generation (the published one unless given), each channel filtered, and what the
+        search applied (`Applied`).
 
         `query_vector`: the text's embedding when the caller already has it (evaluation embeds all
         questions in one batch). `filters`: see `build_filter`. `rerank`: re-order the fused top
@@ -170,8 +204,6 @@ class Searcher:
         """
         if mode not in MODES:
             raise CorpusyncError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-        if k <= 0:
-            return []
         if k > MAX_K:
             raise CorpusyncError(f"k={k} is more than {MAX_K} hits: ask for fewer (or page with filters)")
         state = self._index_model(generation)
@@ -189,15 +221,20 @@ class Searcher:
         use = {"dense": mode in ("dense", "hybrid"), "lexical": mode in ("lexical", "hybrid"),
                "sparse": mode in ("sparse", "hybrid") and identity.sparse_trained}
         parsed = self.analyzer.query(text)  # segmented once: for the lexical channel and the dense coverage
+        read = int(state["published_generation"])  # pinned: the generation the model was read for
+        coverage = None
         if mode != "hybrid":
             fusion = Fusion()  # one channel: its own ranking
         elif fusion is None:
-            fusion = self.fusion(int(state["model_id"]), int(state["published_generation"]))
+            fusion = self.fusion(int(state["model_id"]), read)
             if self.settings.dense_coverage_weighting and fusion.weights["dense"] > 0:
-                fusion = replace(fusion, weights={**fusion.weights,
-                                                  "dense": fusion.weights["dense"] * self.dense_coverage(parsed)})
+                coverage = self.dense_coverage(parsed)
+                fusion = replace(fusion, weights={**fusion.weights, "dense": fusion.weights["dense"] * coverage})
         w = fusion.weights
         use = {c: on and w[c] > 0 for c, on in use.items()}
+        applied = Applied(read, mode, fusion, tuple(c for c in CHANNELS if use[c]), coverage)
+        if k <= 0:
+            return Result([], applied)
         qvec = qsparse = None
         out = self.embedder.embed([text]) if (use["dense"] and query_vector is None) or use["sparse"] else None
         if use["dense"]:
@@ -208,7 +245,7 @@ class Searcher:
         params = {
             "qtext": parsed.sql_text(), "qvec": qvec, "qsparse": qsparse,
             "k": pool if rerank else k, "filter": Jsonb(build_filter(filters)),
-            "generation": int(state["published_generation"]),  # pinned: the generation the model was read for
+            "generation": read,
             "w_dense": w.get("dense", 1.0) if use["dense"] else 0.0,
             "w_lex": w.get("lexical", 1.0) if use["lexical"] else 0.0,
             "w_sparse": w.get("sparse", 1.0) if use["sparse"] else 0.0,
@@ -223,7 +260,7 @@ class Searcher:
         hits = [_hit(i, r) for i, r in enumerate(rows, start=1)]
         if rerank:
             hits = self._rerank(text, hits)[:k]
-        return hits
+        return Result(hits, applied)
 
     def _rerank(self, text: str, hits: list[Hit]) -> list[Hit]:
         from corpusync.adapters.rerank import build_reranker
@@ -325,9 +362,16 @@ def search(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid", ge
            rerank: bool = False, embedder: Embedder | None = None) -> Sequence[Hit]:
     """One-shot search (opens and closes its own connection unless one is given; builds the query embedder
     from `settings` when needed unless one is given)."""
+    return run(settings, text, k, mode, generation, conn, filters, rerank, embedder).hits
+
+
+def run(settings: Settings, text: str, k: int = 10, mode: Mode = "hybrid", generation: int | None = None,
+        conn: psycopg.Connection | None = None, filters: Mapping[str, Any] | None = None,
+        rerank: bool = False, embedder: Embedder | None = None) -> Result:
+    """`search`, with what the search applied (`Result.applied`)."""
     if conn is not None:
-        return Searcher(settings, conn, embedder).search(text, k, mode, generation, filters=filters, rerank=rerank)
+        return Searcher(settings, conn, embedder).run(text, k, mode, generation, filters=filters, rerank=rerank)
     from corpusync.store.db import open_database
 
     with open_database(settings) as c:
-        return Searcher(settings, c, embedder).search(text, k, mode, generation, filters=filters, rerank=rerank)
+        return Searcher(settings, c, embedder).run(text, k, mode, generation, filters=filters, rerank=rerank)

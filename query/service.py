@@ -9,7 +9,10 @@ one connection for its whole search, so no two threads ever share a connection o
     GET  /health  -> {"status": "ok", "database": "ok", "published_generation": 3, "model": ..., ...}
     POST /search  {"query": "...", "k": 10, "mode": "hybrid", "filters": {...}, "generation": null,
                    "rerank": false}
-                  -> {"query": ..., "mode": ..., "k": ..., "took_ms": ..., "hits": [Hit.as_dict() + citation]}
+                  -> {"query": ..., "mode": ..., "k": ..., "generation": the one read (also with no hits),
+                      "took_ms": ..., "hits": [Hit.as_dict() + citation], "fusion": the weights and rrf_k
+                      ranked by (hybrid: the dense weight scaled by dense_coverage), "channels": those that
+                      ran, "dense_coverage": the share of the query's words the dense model reads, or null}
 
 Errors: a corpusync error (bad mode, bad filter date, unknown generation, empty index, model mismatch) or a
 malformed body is 400 {"error": message}; the database unreachable is 503; anything else is 500
@@ -267,11 +270,13 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
         t0 = time.perf_counter()
         pool: SearcherPool = request.app.state.pool
         with pool.searcher() as s:
-            hits = s.search(body.query, k=body.k, mode=body.mode, generation=body.generation,  # type: ignore[arg-type]
-                            filters=body.filters, rerank=body.rerank)
-        generation = hits[0].generation if hits else body.generation
-        return {"query": body.query, "mode": body.mode, "k": body.k, "generation": generation,
-                "took_ms": round((time.perf_counter() - t0) * 1000, 2), "hits": [hit_json(h) for h in hits]}
+            result = s.run(body.query, k=body.k, mode=body.mode, generation=body.generation,  # type: ignore[arg-type]
+                           filters=body.filters, rerank=body.rerank)
+        applied = result.applied
+        return {"query": body.query, "mode": body.mode, "k": body.k, "generation": applied.generation,
+                "took_ms": round((time.perf_counter() - t0) * 1000, 2), "hits": [hit_json(h) for h in result.hits],
+                "fusion": applied.fusion.as_dict(), "channels": list(applied.channels),
+                "dense_coverage": applied.dense_coverage}
 
     return app
 

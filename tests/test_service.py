@@ -44,6 +44,7 @@ def test_health_search_modes_filters_syntax_and_errors(indexed, embedder) -> Non
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["mode"] == "lexical" and body["generation"] == 1 and body["took_ms"] >= 0
+        assert body["channels"] == ["lexical"] and body["dense_coverage"] is None
         top = body["hits"][0]
         assert top["source"] == "docs/contract-terms.md" and "HT2023-0876" in top["text"]
         assert top["rank"] == 1 and top["lexical_rank"] == 1
@@ -58,7 +59,12 @@ def test_health_search_modes_filters_syntax_and_errors(indexed, embedder) -> Non
 
         east = search(client, query="合同", k=20, filters={"region": "East"}).json()["hits"]
         assert east and {x["source"] for x in east} == {"docs/contract-terms.md"}
-        assert search(client, query="合同", k=20, filters={"year": 2023}).json()["hits"] == []
+        nothing = search(client, query="合同", k=20, filters={"year": 2023}).json()
+        assert nothing["hits"] == [] and nothing["generation"] == 1  # the generation read, hits or none
+        # what the hybrid ranking applied: the English test model reads none of a Chinese query
+        assert nothing["dense_coverage"] == 0 and nothing["channels"] == ["lexical"]
+        assert nothing["fusion"] == {"method": "rrf", "weights": {"dense": 0.0, "lexical": 1.0, "sparse": 1.0},
+                                     "rrf_k": 60.0}
         zh = search(client, query="游戏", k=20, mode="lexical", filters={"path": "zh/"}).json()["hits"]
         assert zh and all(x["source"].startswith("zh/") for x in zh)
 

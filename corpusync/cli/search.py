@@ -13,6 +13,7 @@ from corpusync.core.errors import CorpusyncError
 
 if TYPE_CHECKING:
     from corpusync.core.lexical import ParsedQuery
+    from query.search import Applied
 
 
 @app.command()
@@ -28,17 +29,18 @@ def query(
     as_json: Annotated[bool, typer.Option("--json", help="Print hits as JSON.")] = False,
 ) -> None:
     """Search the published generation; every hit carries its citation (source, page, span, section)."""
-    from query.search import search
+    from query.search import run
 
     parsed = _parse_filters(filters or [])
     settings = load_settings()
     embedder = _query_embedder(settings) if mode != "lexical" else None
     try:
-        hits = search(settings, text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
-                      filters=parsed, rerank=rerank, embedder=embedder)
+        result = run(settings, text, k=k, mode=mode, generation=generation,  # type: ignore[arg-type]
+                     filters=parsed, rerank=rerank, embedder=embedder)
     finally:
         if embedder is not None and hasattr(embedder, "close_host"):
             embedder.close_host()
+    hits = result.hits
     if as_json:
         typer.echo(json.dumps([h.as_dict() for h in hits], ensure_ascii=False, indent=2))
         return
@@ -51,18 +53,16 @@ def query(
         typer.echo("no hits")
     if len(hits) < k:
         typer.echo(fewer_hits_note(q, len(hits), k, mode, parsed), err=True)
-    if mode == "hybrid" and settings.dense_coverage_weighting and (note := _dense_note(embedder, q, hits)):
+    if note := _dense_note(embedder, result.applied):
         typer.echo(note, err=True)
 
 
-def _dense_note(embedder: Any, q: ParsedQuery, hits: Any) -> str | None:
+def _dense_note(embedder: Any, applied: Applied) -> str | None:
     """What the dense channel's weight was scaled by for this query, when the model reads only part of it
     (a Chinese question to an English model is ranked by the lexical channel alone: say so). Not when the
-    dense channel took no part anyway (a fusion whose dense weight is 0: no hit has a dense rank)."""
-    coverage = getattr(embedder, "coverage", None)
-    if not callable(coverage) or not q.terms or (share := float(coverage(q.terms))) >= 1.0:
-        return None
-    if share > 0 and not any(h.dense_rank is not None for h in hits):
+    search did not scale it (not hybrid, coverage weighting off, a fusion whose dense weight is 0)."""
+    share = applied.dense_coverage
+    if share is None or share >= 1.0:
         return None
     from corpusync.adapters.model_dir import declared_languages
 
