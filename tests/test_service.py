@@ -112,7 +112,7 @@ def test_empty_index_internal_errors_and_serving_role(settings, monkeypatch: pyt
         def boom(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("secret internals")
 
-        monkeypatch.setattr(Searcher, "search", boom)
+        monkeypatch.setattr(Searcher, "run", boom)
         r = search(client, query="Normans")
         assert r.status_code == 500 and r.json() == {"error": "internal error"} and "secret" not in r.text
         assert client.get("/health").status_code == 200  # the connection went back to the pool
