@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from corpusync.adapters.embedding import Tokenizer
 from corpusync.core.lexical import CJK
 from schemas.records import Chunk, ChunkedDocument, ParsedDocument
-from tasks.chunk_pack import Crumbs, Piece, Plan, settle, split_long, strip_spans
+from tasks.chunk_cut import Crumbs, split_long, strip_spans
+from tasks.chunk_pack import Piece, Plan, settle
 
 CHUNKER_VERSION = "4"
 CHARS_PER_TOKEN = 8  # the character cap of a chunk's model text: max_tokens * 8
