@@ -18,16 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from evaluation import relevance as rel
-from evaluation.fusion import (
-    CHANNELS,
-    Fusion,
-    Grid,
-    QuestionCandidates,
-    TuneResult,
-    candidates_from_hits,
-    score,
-    tune,
-)
+from evaluation.fusion import CHANNELS, Fusion, candidates_from_hits
+from evaluation.fusion_tuning import Grid, QuestionCandidates, TuneResult, score, tune
 from schemas.eval import GoldSet
 from schemas.settings import Settings
 from tasks.evaluate import Searcher
@@ -102,7 +94,7 @@ def fit(searcher: Searcher, by_set: dict[str, list[QuestionCandidates]], goldset
 
 def describe(outcome: TuneOutcome) -> str:
     """Plain text for the CLI: the cross-validated table, the score-method comparison, each gold set."""
-    from evaluation.fusion import describe as describe_result
+    from evaluation.fusion_tuning import describe as describe_result
 
     lines = [describe_result(outcome.result)]
     if outcome.score_method is not None:

@@ -10,19 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from evaluation.fusion import (
-    CHANNELS,
-    Candidate,
-    Fusion,
-    Grid,
-    QuestionCandidates,
-    _Batch,
-    candidates_from_hits,
-    describe,
-    fuse,
-    fused_scores,
-    tune,
-)
+from evaluation.fusion import CHANNELS, Candidate, Fusion, candidates_from_hits, fuse, fused_scores
+from evaluation.fusion_tuning import Grid, QuestionCandidates, _Batch, describe, tune
 from evaluation.metrics import question_scores
 
 

@@ -18,7 +18,7 @@ from tasks import tune as tune_stage
 from tasks.tune import TuneOutcome
 
 if TYPE_CHECKING:
-    from evaluation.fusion import QuestionCandidates
+    from evaluation.fusion_tuning import QuestionCandidates
     from query.search import Searcher
 
 log = logging.getLogger("corpusync.tune")
