@@ -36,7 +36,8 @@ import scipy.sparse as sp  # noqa: E402
 
 from corpusync.adapters.embedders import FlagEmbedder, build_embedder  # noqa: E402
 from corpusync.core.vectors import SparseRows  # noqa: E402
-from evaluation.goldsets import load_goldset, passage_filename, sample_questions  # noqa: E402
+from evaluation.goldset_formats import passage_filename  # noqa: E402
+from evaluation.goldsets import load_goldset, sample_questions  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 
 TOP_K = [1000, 512, 256, 128, 64, 32, 16]

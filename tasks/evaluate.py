@@ -305,7 +305,7 @@ def gate_config(settings: Settings) -> dict[str, Any]:
 
 
 def _safe(name: str) -> str:
-    from evaluation.goldsets import passage_filename
+    from evaluation.goldset_formats import passage_filename
 
     return passage_filename(name).removesuffix(".txt")
 

@@ -11,7 +11,8 @@ import pytest
 
 from evaluation import relevance as rel
 from evaluation.gate import gate_checks
-from evaluation.goldsets import export_corpus, goldset_hash, load_goldset, passage_filename, sample_questions
+from evaluation.goldset_formats import goldset_hash, passage_filename
+from evaluation.goldsets import export_corpus, load_goldset, sample_questions
 from evaluation.metrics import (
     aggregate,
     hit_at_k,

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from corpusync.core.errors import ConfigError
-from evaluation.goldsets import FORMATS, export_corpus, goldset_hash, load_goldset, passage_filename
+from evaluation.goldset_formats import FORMATS, goldset_hash, passage_filename
+from evaluation.goldsets import export_corpus, load_goldset
 from schemas.eval import GoldQuestion, GoldRef
 
 
