@@ -19,6 +19,7 @@ from corpusync.adapters.embedders import build_embedder
 from corpusync.adapters.embedding import Embedder
 from corpusync.core import lexical
 from corpusync.core.errors import CorpusyncError, ModelMismatch
+from corpusync.core.query_syntax import ParsedQuery
 from corpusync.store import fusions, generations
 from corpusync.store.search import search_rows
 from evaluation.fusion import CHANNELS, Fusion
@@ -123,7 +124,7 @@ class Searcher:
     def analyzer(self) -> lexical.Analyzer:
         return lexical.Analyzer.from_settings(self.settings)
 
-    def dense_coverage(self, text: str | lexical.ParsedQuery) -> float:
+    def dense_coverage(self, text: str | ParsedQuery) -> float:
         """How much of the query the dense model can read: the share of the query's words (lexical terms)
         its tokenizer has no unknown piece for (1.0 when the embedder cannot tell)."""
         coverage = getattr(self.embedder, "coverage", None)

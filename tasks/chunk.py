@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, replace
 
 from corpusync.adapters.embedding import Tokenizer
-from corpusync.core.lexical import CJK
+from corpusync.core.unicode_text import CJK
 from schemas.records import Chunk, ChunkedDocument, ParsedDocument
 from tasks.chunk_cut import Crumbs, split_long, strip_spans
 from tasks.chunk_pack import Piece, Plan, settle

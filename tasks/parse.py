@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from corpusync.core.errors import ParseError
-from corpusync.core.lexical import HAN
+from corpusync.core.unicode_text import HAN
 from schemas.records import ParsedDocument, ParseOptions, SourceFile
 from tasks.parsing.common import PARSE_LOGIC_VERSION, _version, clean_text, rows_to_markdown
 from tasks.parsing.layout import MARGIN_BAND, PageBlock, heading_levels, looks_like_heading, strip_running_lines
@@ -141,7 +141,7 @@ def merge_sidecar(doc: ParsedDocument, user: dict[str, Any]) -> None:
 
 
 _SCRIPTS = (("ja", "\u3040", "\u30ff"), ("ko", "\uac00", "\ud7af"), ("ar", "\u0600", "\u06ff"),
-            ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.core.lexical defines it
+            ("ru", "\u0400", "\u04ff"))  # and "zh": Han, as corpusync.core.unicode_text defines it
 _ASCII_LETTER = re.compile("[A-Za-z]")
 _SCRIPT_RES = tuple((tag, re.compile(f"[{lo}-{hi}]")) for tag, lo, hi in _SCRIPTS)
 

@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corpusync.core.errors import ConfigError
-from corpusync.core.lexical import CJK, MAX_TOKEN_CHARS, STOPWORDS, Analyzer, ParsedQuery
+from corpusync.core.lexical import MAX_TOKEN_CHARS, Analyzer
+from corpusync.core.query_syntax import STOPWORDS, ParsedQuery
+from corpusync.core.unicode_text import CJK
 
 
 @pytest.fixture(scope="module")

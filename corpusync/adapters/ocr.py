@@ -20,7 +20,7 @@ import numpy as np
 
 from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ConfigError, OcrError
-from corpusync.core.lexical import is_cjk
+from corpusync.core.unicode_text import is_cjk
 
 
 @dataclass(frozen=True)

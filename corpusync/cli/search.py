@@ -12,7 +12,7 @@ from corpusync.cli.base import app, load_settings
 from corpusync.core.errors import CorpusyncError
 
 if TYPE_CHECKING:
-    from corpusync.core.lexical import ParsedQuery
+    from corpusync.core.query_syntax import ParsedQuery
     from query.search import Applied
 
 

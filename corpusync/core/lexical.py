@@ -1,6 +1,8 @@
 """The tokenizer behind the Okapi BM25 lexical channel. The same token lists are written at index time, parsed
 from queries and fed to a bm25s reference in tests, so every rule here is deterministic and versioned: any
-change to the rules bumps TOKENIZER_VERSION, and dictionary contents go into `Analyzer.fingerprint`."""
+change to the rules (these, and the script classes and normalize() of corpusync.core.unicode_text) bumps
+TOKENIZER_VERSION, and dictionary contents go into `Analyzer.fingerprint`. The query syntax Analyzer.query
+parses lives in corpusync.core.query_syntax."""
 
 from __future__ import annotations
 
@@ -12,102 +14,32 @@ import threading
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache, lru_cache
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
 from corpusync.core.errors import ConfigError
+from corpusync.core.query_syntax import STOPWORDS, ParsedQuery, parse_query
+from corpusync.core.unicode_text import BIGRAM, CJK, MARKS, normalize
 
 TOKENIZER_VERSION = "3"
 MAX_TOKEN_CHARS = 64
 QueryMode = Literal["cut", "search"]  # jieba cut (precise) or cut_for_search (also sub-words), as at index time
 
-# Han, the one unspaced script jieba segments: iteration marks, Ext A, URO, compatibility, Ext B..I, G/H.
-CJK = r"\u3005\u3007\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f\U00030000-\U000323af"
-HAN = re.compile(f"[{CJK}]")
-
-
-def is_cjk(ch: str) -> bool:
-    """Whether a character is Han (the project's one definition: parse, OCR and chunking use it too)."""
-    return bool(HAN.match(ch))
-
-
-def _class(ranges: Iterable[tuple[int, int]], keep: Any) -> str:
-    """Character-class body of the code points in `ranges` for which keep(char) holds, as compact ranges."""
-    spans: list[list[int]] = []
-    for lo, hi in ranges:
-        for cp in range(lo, hi + 1):
-            if keep(chr(cp)):
-                if spans and spans[-1][1] == cp - 1:
-                    spans[-1][1] = cp
-                else:
-                    spans.append([cp, cp])
-    return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in spans)
-
-
-def _is_mark(ch: str) -> bool:
-    return unicodedata.category(ch)[0] == "M"
-
-
-# Combining marks: Python's \w leaves them out, which would cut Devanagari, Arabic or Thai words apart.
-_MARKS = _class([(0x0300, 0x1FFFF)], _is_mark)
-# Unspaced scripts jieba does not know (kana, Thai, Lao, Myanmar, Khmer): letters, digits and marks only.
-_BIGRAM = _class(
-    [(0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x19E0, 0x19FF), (0x3041, 0x30FF), (0x31F0, 0x31FF),
-     (0xA9E0, 0xA9FF), (0xAA60, 0xAA7F), (0x1B000, 0x1B16F)],
-    lambda ch: ch.isalnum() or _is_mark(ch),
-)
-_X = f"[^\\W_{CJK}{_BIGRAM}]"  # a letter or digit of a spaced script
-_W = f"{_X}++(?:[{_MARKS}]++{_X}*+)*+"  # unrolled and possessive: linear on a 5 MB word, no backtracking
+# Token patterns over the script classes of corpusync.core.unicode_text.
+_X = f"[^\\W_{CJK}{BIGRAM}]"  # a letter or digit of a spaced script
+_W = f"{_X}++(?:[{MARKS}]++{_X}*+)*+"  # unrolled and possessive: linear on a 5 MB word, no backtracking
 _SEP = "-_./:"
 _WORD = f"{_W}(?:[{re.escape(_SEP)}]{_W})*+"  # identifiers such as HT2023-0876, ISO-9001:2015, v1.2.3
-_SCAN = re.compile(f"(?P<h>[{CJK}]+)|(?P<b>[{_BIGRAM}]+)|(?P<w>{_WORD})")
+_SCAN = re.compile(f"(?P<h>[{CJK}]+)|(?P<b>[{BIGRAM}]+)|(?P<w>{_WORD})")
 _WORD_FULL = re.compile(_WORD)
 _X_ONE = re.compile(_X)
 _HAS_SEP = re.compile(f"[{re.escape(_SEP)}]").search
 _SPLIT_SEP = re.compile(f"[{re.escape(_SEP)}]+").split
-_HAS_MARK = re.compile(f"[{_MARKS}]").search
-_CLUSTER = re.compile(f"[^{_MARKS}][{_MARKS}]*|[{_MARKS}]+")
+_HAS_MARK = re.compile(f"[{MARKS}]").search
+_CLUSTER = re.compile(f"[^{MARKS}][{MARKS}]*|[{MARKS}]+")
 _ALL_HAN = re.compile(f"[{CJK}]+")
-_QUERY = re.compile(r'(?P<neg>(?<!\S)-)?"(?P<ph>[^"]*)"|(?<!\S)-(?P<ex>[^\s"]+)|(?P<plain>[^\s"]+|\s+|")')
-# Invisible characters that split words in extracted text: soft hyphen, zero-width space, word joiner, BOM,
-# variation selectors. Dropped by normalize so both the stored text and the tokens ignore them.
-_INVISIBLE = dict.fromkeys([0xAD, 0x200B, 0x2060, 0xFEFF, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
-_CURLY_QUOTES = {0x201C: '"', 0x201D: '"'}
-
-# Function and question words: they match nearly every chunk and only add noise to an OR query. Dropped from
-# scored query terms only; documents keep them. Simplified and lower-case, as normalize() leaves text.
-STOPWORDS = frozenset(
-    (
-        "的 了 着 过 和 与 及 或 并 而 且 但 是 在 于 为 对 由 以 之 其 等 也 就 都 又 还 这 那 此 该 有 中 上 下 "
-        "将 被 把 从 向 到 给 个 么 吗 呢 吧 啊 呀 嘛 什么 什么样 哪 哪个 哪些 哪里 哪儿 哪种 谁 如何 怎么 怎样 "
-        "怎么样 多少 多久 几 几个 为什么 为何 何时 是否 是不是 有没有 请问 请 关于 一个 这个 那个 这些 那些 "
-        "我 你 您 他 她 它 我们 你们 他们 "
-        "a an the of to in on at for and or but is are was were be been being am by with as from into about "
-        "that this these those it its there their they them he she his her we our you your i me my "
-        "what which who whom whose when where why how did does do can could would please"
-    ).split()
-)
-
-
-def _normalize(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text.translate(_INVISIBLE).replace("№", "no ")).casefold()
-    try:
-        text = _opencc().convert(text)
-    except UnicodeEncodeError:  # lone surrogates (undecodable bytes kept by surrogateescape): drop them
-        text = _opencc().convert(text.encode("utf-8", "ignore").decode("utf-8"))
-    # casefold and OpenCC can leave text that is not NFKC (Greek ΐ decomposes): normalise last, so that
-    # SQL's NFKC of what we send changes nothing
-    return " ".join(unicodedata.normalize("NFKC", text).split())
-
-
-@cache
-def _opencc() -> Any:
-    import opencc
-
-    return opencc.OpenCC("t2s")
 
 
 @cache
@@ -172,11 +104,11 @@ class _State:
             freq = int(parts.pop(1)) if len(parts) > 1 and parts[1].isdigit() else None
             if len(parts) > 2 or freq == 0:
                 raise ConfigError(f"{where}: expected 'word [freq>0] [tag]', got {line!r}")
-            words.append((_normalize(parts[0]), freq, parts[1] if len(parts) > 1 else None))
+            words.append((normalize(parts[0]), freq, parts[1] if len(parts) > 1 else None))
         self.synonyms: dict[str, str] = {}
         first_line: dict[str, int] = {}
         for n, line, where in _lines(syn_path, syn, "synonyms"):
-            group = [t for t in (_normalize(e) for e in re.split("[,，]", line)) if t]
+            group = [t for t in (normalize(e) for e in re.split("[,，]", line)) if t]
             for term in group:
                 if len(term) > MAX_TOKEN_CHARS or term.startswith("-") or any(c.isspace() or c == '"' for c in term):
                     raise ConfigError(f"{where}: {term!r} cannot be one token (space, quote, leading '-' or long)")
@@ -224,26 +156,6 @@ class _State:
 
 _STATES: OrderedDict[str, _State] = OrderedDict()
 _STATES_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class ParsedQuery:
-    """A query split into what BM25 scores and what SQL filters on. Surfaces are normalize()d text."""
-
-    terms: list[str]
-    phrases: list[str]
-    excluded_terms: list[str]
-    excluded_phrases: list[str]
-
-    def sql_text(self) -> str:
-        """What the SQL functions parse: `tok "surface" -tok -"surface"`, single-space separated."""
-        return " ".join([*self.terms, *(f'"{p}"' for p in self.phrases), *(f"-{t}" for t in self.excluded_terms),
-                         *(f'-"{p}"' for p in self.excluded_phrases)])
-
-    @property
-    def empty(self) -> bool:
-        """Nothing to look for (exclusions alone select nothing)."""
-        return not self.terms and not self.phrases
 
 
 class Analyzer:
@@ -301,14 +213,14 @@ class Analyzer:
 
     def normalize(self, text: str) -> str:
         """NFKC, case-folded, Traditional->Simplified, single spaces: the stored search text and phrase surface."""
-        return _normalize(text)
+        return normalize(text)
 
     def tokens(self, text: str) -> list[str]:
         """Index tokens of raw text, repeated and in order (BM25 term frequencies)."""
         return self._analyze(text)[1]
 
     def _analyze(self, text: str) -> tuple[str, list[str]]:
-        norm = _normalize(text)
+        norm = normalize(text)
         return norm, self._tokens(norm, "search")
 
     def _tokens(self, norm: str, mode: QueryMode, parts: bool = True) -> list[str]:
@@ -358,38 +270,8 @@ class Analyzer:
     def query(self, text: str, *, mode: QueryMode | None = None) -> ParsedQuery:
         """Parse `-word` (exclude), `"phrase"` (must appear) and plain text (scored). An unpaired quote is text;
         `-` excludes only at the start of a word, so HT2023-0876 stays an identifier."""
-        mode = mode or self.query_mode
-        terms: dict[str, None] = {}
-        phrases: dict[str, None] = {}
-        ex_terms: dict[str, None] = {}
-        ex_phrases: dict[str, None] = {}
-        plain: list[str] = []
-
-        def score(norm: str) -> None:
-            for t in self._tokens(norm, mode):
-                if t not in STOPWORDS:
-                    terms.setdefault(t, None)
-
-        for m in _QUERY.finditer(_normalize(text).translate(_CURLY_QUOTES)):
-            if m.group("plain") is not None:
-                plain.append(m.group("plain"))
-                continue
-            score("".join(plain))
-            plain.clear()
-            ph = m.group("ph")
-            surface = " ".join((m.group("ex") if ph is None else ph).split())  # normalized once, like documents
-            if ph is not None and m.group("neg") is None:
-                if surface:
-                    phrases.setdefault(surface, None)
-                    score(surface)
-                continue
-            primary = self._tokens(surface, mode, parts=False)
-            if len(primary) == 1:
-                ex_terms.setdefault(primary[0], None)
-            elif primary:
-                ex_phrases.setdefault(surface, None)
-        score("".join(plain))
-        return ParsedQuery(list(terms), list(phrases), list(ex_terms), list(ex_phrases))
+        how: QueryMode = mode or self.query_mode
+        return parse_query(normalize(text), lambda norm, parts: self._tokens(norm, how, parts))
 
     def index_texts(self, texts: Sequence[str], processes: int = 1, *,
                     min_per_process: int = 1000) -> list[tuple[str, list[str]]]:

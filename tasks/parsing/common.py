@@ -7,7 +7,7 @@ import unicodedata
 from functools import cache
 from importlib import metadata
 
-from corpusync.core.lexical import CJK
+from corpusync.core.unicode_text import CJK
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
 PARSE_LOGIC_VERSION = "9"

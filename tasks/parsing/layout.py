@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from corpusync.core.lexical import HAN
+from corpusync.core.unicode_text import HAN
 
 # --------------------------------------------------------------------------------------------------
 # running headers / footers

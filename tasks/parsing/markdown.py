@@ -15,7 +15,7 @@ from functools import cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 
-from corpusync.core.lexical import CJK
+from corpusync.core.unicode_text import CJK
 from schemas.records import Block, ParsedDocument, ParseOptions, SourceFile
 from tasks.parsing.common import _version, clean_text, rows_to_markdown
 from tasks.parsing.limits import too_long
