@@ -1,21 +1,20 @@
 """Parse documents in a pool of isolated worker processes, so a parser that crashes (PyMuPDF can segfault on
 malformed files), hangs or eats memory costs one document, not the run, and a refresh parses on every CPU.
+This module is the pool, in the parent; what runs inside a worker is tasks/parse_in_worker.py.
 
 The pool is pebble's ProcessPool (spawned workers, one document at a time each, a worker stopped on timeout
 and replaced after a crash, recycled after MAX_TASKS_PER_WORKER tasks to bound leaks). Each worker applies
-the memory limit (an address-space rlimit, Linux/macOS) and warms up in its initializer: it imports the
-parsers by parsing tiny samples of the formats the batch holds, so the parse clock, which pebble starts when
-a worker takes a document, never counts start-up. A worker that cannot set its memory limit says so with
-every result; the parent warns once and keeps the reason (memory_limit_problem).
+the memory limit and warms up in its initializer (parse_in_worker.init_worker), so the parse clock, which
+pebble starts when a worker takes a document, never counts start-up. A worker that cannot set its memory
+limit says so with every result; the parent warns once and keeps the reason (memory_limit_problem).
 
 A document's deadline grows with its work: parse_timeout_s plus parse_timeout_per_page_s per page
-(parse_deadline_s). The pages of PDFs (PyMuPDF) and multi-frame TIFFs (Pillow) are counted in the worker,
-not in the parent: opening a hostile PDF is exactly what can crash a process. The count and the parse are
-one task, under the deadline of PARSE_AT_ONCE_PAGES pages: a document within that many pages (most) is
-parsed at once; a longer one comes back with its count and is parsed under its own deadline (a separate
-count before every parse cost a text-PDF pass 8%, bench/parse_pool.py). Other files count 0 pages (their
-parse time does not follow a page count that can be read cheaply).
-A document whose text passes ParseOptions.max_chars never leaves the worker: it is 'oversized'.
+(parse_deadline_s). The pages of PDFs and multi-frame TIFFs are counted in the worker, not in the parent:
+opening a hostile PDF is exactly what can crash a process. The count and the parse are one task, under the
+deadline of PARSE_AT_ONCE_PAGES pages: a document within that many pages (most) is parsed at once; a longer
+one comes back with its count and is parsed under its own deadline (a separate count before every parse cost
+a text-PDF pass 8%, bench/parse_pool.py). Other files count 0 pages (their parse time does not follow a page
+count that can be read cheaply).
 """
 
 from __future__ import annotations
@@ -29,11 +28,11 @@ import pickle
 import shutil
 import signal
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +40,19 @@ from pebble import ProcessExpired, ProcessPool
 
 from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ParseError
-from corpusync.core.lifetime import watch_parent
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
-from tasks.parse_warmup import new_warm_dir, warm_up
+from tasks.parse_in_worker import ParseFn, init_worker, parse_one
+from tasks.parse_warmup import new_warm_dir
 
-ParseFn = Callable[[SourceFile, ParseOptions], ParsedDocument]
 Result = ParsedDocument | ParseError
 
 log = logging.getLogger(__name__)
 
 # Tasks (a long document's page count included) after which pebble replaces a worker: a backstop against leaks
-# that the per-document clean-up (_release_freed_memory) and the memory limit do not catch. A replacement costs
-# ~1.3 s (spawn, imports, warm-up); at 500 that was 13% of a text-PDF pass (bench/parse_pool.py) and a restart
-# every ~2.5 s of Markdown passages; at 10,000 it is under 2% even for 5 ms documents.
+# that the per-document clean-up (parse_in_worker._release_freed_memory) and the memory limit do not catch. A
+# replacement costs ~1.3 s (spawn, imports, warm-up); at 500 that was 13% of a text-PDF pass (bench/parse_pool.py)
+# and a restart every ~2.5 s of Markdown passages; at 10,000 it is under 2% even for 5 ms documents.
 MAX_TASKS_PER_WORKER = 10_000
 MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of days
 # A paged document of up to this many pages is counted and parsed in one task, under this many pages'
@@ -76,149 +74,6 @@ def parse_deadline_s(pages: int | None, base_s: float, per_page_s: float) -> flo
     at most MAX_SCALED_PAGES pages counted."""
     return base_s + per_page_s * min(max(pages or 0, 0), MAX_SCALED_PAGES)
 
-
-# --- in the worker -----------------------------------------------------------------------------------------
-
-_WORKER: dict[str, Any] = {}
-
-
-def _apply_memory_limit(memory_mb: int) -> str | None:
-    """Set the worker's address-space limit; None when it is set (or none is asked for), else why not."""
-    if memory_mb <= 0:
-        return None
-    try:
-        import resource
-    except ImportError:
-        return f"the memory limit of {memory_mb} MiB cannot be applied: no resource module on this platform"
-    limit = memory_mb * 1024 * 1024
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (ValueError, OSError) as exc:
-        return (f"the memory limit of {memory_mb} MiB could not be applied: setrlimit(RLIMIT_AS) failed: "
-                f"{type(exc).__name__}: {exc}")
-    return None
-
-
-def _init_worker(options: ParseOptions, memory_mb: int, parse: ParseFn, warm: tuple[str, ...],
-                 parent: int, warm_dir: str) -> None:
-    """pebble's initializer: tied to the refresh's life (a worker busy warming up or parsing when the refresh
-    is SIGKILLed exits within a fraction of a second), memory limit (it bounds the warm-up too), then the
-    warm-up. It never raises: a failing initializer would make pebble declare the whole pool broken."""
-    watch_parent(parent)
-    _WORKER.update(options=options, memory_mb=memory_mb, parse=parse, problem=_apply_memory_limit(memory_mb))
-    try:
-        from corpusync.core.offline import apply_offline_defaults
-
-        apply_offline_defaults()
-        warm_up(warm, Path(warm_dir) / str(os.getpid()), options)
-    except BaseException as exc:  # a warm-up that fails (memory limit) only costs the first parse
-        log.debug("parse worker warm-up failed: %s: %s", type(exc).__name__, exc)
-
-
-def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
-    """The page count that scales the document's deadline (None: unknown), with the memory-limit report."""
-    pages: int | None = None
-    suffix = Path(src.path).suffix.lower()
-    try:
-        if src.size <= _WORKER["options"].max_bytes and suffix == ".pdf":
-            from pymupdf import mupdf
-
-            # MuPDF's own document, not pymupdf.Document: that reads the metadata and the outline on open
-            # (0.9 ms a file against 0.3 ms)
-            pages = mupdf.fz_count_pages(mupdf.FzDocument(str(src.abs_path)))
-        elif src.size <= _WORKER["options"].max_bytes and suffix in (".tif", ".tiff"):
-            from PIL import Image
-
-            with Image.open(src.abs_path) as image:
-                pages = int(getattr(image, "n_frames", 1))
-    except Exception:  # a file that does not open is the parse's to report
-        pages = None
-    return _WORKER["problem"], pages
-
-
-TRIM_ABOVE_MIB = 256  # resident memory above which a worker hands its freed heap back after a document...
-TRIM_GROWTH_MIB = 64  # ...once it has grown this much since it last did (each trim makes the next document
-# fault its heap pages in again: ~6% of a text PDF's parse when done after every document)
-# Resident memory above which a worker also drops its OCR engine after a document. onnxruntime's arenas keep
-# their high-water mark: ~0.5 GB after an A4 page at 200 dpi (a worker then sits at 0.7-0.9 GB, and keeps
-# the engine: reloading costs ~0.4 s), ~0.9 GB after a 6,000 x 6,000 image, which a worker held, idle,
-# while the refresh chunked (bench/hostile.py). The next OCR reloads the models.
-KEEP_ENGINES_BELOW_MIB = 1024
-
-
-def _resident_mib() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _release_freed_memory() -> None:
-    """Between documents: glibc keeps a large document's freed heap, onnxruntime its arenas. Hand them back
-    once the worker has grown: above TRIM_ABOVE_MIB and by TRIM_GROWTH_MIB since the last time (a heap that
-    small documents keep reusing is left alone), and always once it holds KEEP_ENGINES_BELOW_MIB."""
-    resident = _resident_mib()
-    if resident >= KEEP_ENGINES_BELOW_MIB:
-        import gc
-
-        from corpusync.adapters.ocr import build_ocr_engine
-
-        build_ocr_engine.cache_clear()
-        gc.collect()
-    elif resident < TRIM_ABOVE_MIB or resident - _WORKER.get("trimmed_at_mib", 0) < TRIM_GROWTH_MIB:
-        return
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-    _WORKER["trimmed_at_mib"] = _resident_mib()
-
-
-@cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, looked up once per worker (None: not glibc)."""
-    try:
-        import ctypes
-
-        fn: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-def _parse(src: SourceFile, pages_at_most: int | None = None) -> tuple[str | None, tuple[Any, ...]]:
-    """One document: ("ok", the pickled doc) or ("err", reason, detail), with the memory-limit report. Plain
-    tuples: exceptions with custom constructors do not cross a process boundary reliably. The document is
-    pickled here so that what parsing it took can be freed, and handed back, before the worker waits for
-    the next one. `pages_at_most`: count the pages first; a document with more comes back unparsed as
-    ("pages", count), for a deadline of its own."""
-    if pages_at_most is not None:
-        problem, pages = _count_pages(src)
-        if pages is not None and pages > pages_at_most:
-            return problem, ("pages", pages)
-    outcome = _parse_pickled(src)
-    _release_freed_memory()
-    return _WORKER["problem"], outcome
-
-
-def _parse_pickled(src: SourceFile) -> tuple[Any, ...]:
-    options: ParseOptions = _WORKER["options"]
-    try:
-        doc = _WORKER["parse"](src, options)
-        chars = sum(len(b.text) for b in doc.blocks)  # whatever the parse function: the chunker never sees more
-        if chars > options.max_chars:
-            raise ParseError(src.path, "oversized", f"its text is {chars:,} characters, over the limit of "
-                             f"{options.max_chars:,} (CORPUSYNC_PARSE_MAX_CHARS; split the document or raise "
-                             "the setting)")
-        return ("ok", pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL))
-    except ParseError as exc:
-        return ("err", exc.reason, exc.detail)
-    except MemoryError:
-        return ("err", "out-of-memory", "parsing exceeded the worker's memory limit of "
-                f"{_WORKER['memory_mb']} MiB")
-
-
-# --- in the parent -----------------------------------------------------------------------------------------
 
 @dataclass
 class _Job:
@@ -268,7 +123,7 @@ class ParsePool:
     def _running_pool(self) -> ProcessPool:
         if self._pool is None:
             self._warm_dir = new_warm_dir()
-            self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=_init_worker,
+            self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=init_worker,
                                      initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
                                                os.getpid(), self._warm_dir),
                                      context=mp.get_context("spawn"))  # never fork a process with threads
@@ -294,7 +149,7 @@ class ParsePool:
         for attempt in range(2):
             pool = self._running_pool()
             try:
-                return pool.schedule(_parse, (job.src, at_most), timeout=job.deadline)
+                return pool.schedule(parse_one, (job.src, at_most), timeout=job.deadline)
             except RuntimeError:  # the pool broke between two documents: a fresh one
                 if attempt:
                     raise

@@ -19,7 +19,7 @@ import pytest
 
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
-from tasks import parse_worker
+from tasks import parse_in_worker
 from tasks.parse import ParseOptions, parse_document
 from tasks.parse_worker import MAX_SCALED_PAGES, PARSE_AT_ONCE_PAGES, ParsePool, parse_deadline_s
 from tests.faults import SetrlimitRefused, crashing_parser
@@ -240,18 +240,18 @@ def test_a_worker_hands_freed_memory_back_once_it_has_grown(monkeypatch: pytest.
 
     resident = iter([100, 300, 200, 230, 280, 300, 1100, 250])  # after each document, then after each trim
     trims: list[int] = []
-    monkeypatch.setattr(parse_worker, "_WORKER", {})
-    monkeypatch.setattr(parse_worker, "_resident_mib", lambda: next(resident))
-    monkeypatch.setattr(parse_worker, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(parse_in_worker, "_WORKER", {})
+    monkeypatch.setattr(parse_in_worker, "_resident_mib", lambda: next(resident))
+    monkeypatch.setattr(parse_in_worker, "_malloc_trim", lambda: trims.append)
     cleared: list[bool] = []
     monkeypatch.setattr(ocr.build_ocr_engine, "cache_clear", lambda: cleared.append(True))
     decisions = []
     for _ in range(5):
         before = len(trims)
-        parse_worker._release_freed_memory()
+        parse_in_worker._release_freed_memory()
         decisions.append(len(trims) > before)
     # 100: small; 300: above the floor, grown from 0 (trimmed to 200); 230: +30 since; 280: +80, trimmed
     # (to 300); 1100: engines dropped and trimmed (to 250)
     assert decisions == [False, True, False, True, True]
     assert cleared == [True]
-    assert parse_worker._WORKER["trimmed_at_mib"] == 250
+    assert parse_in_worker._WORKER["trimmed_at_mib"] == 250
