@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pgvector import HalfVector
 
 from corpusync.store import db
-from corpusync.store.db import open_database, stop_embedded
+from corpusync.store.db import open_database
+from corpusync.store.embedded import stop_embedded
 from schemas.settings import Settings
 
 TABLE = "public.bench_index_build"

@@ -73,18 +73,20 @@ class Hit:
 @dataclass(frozen=True)
 class Applied:
     """What a search ranked by, so a caller can say why without working it out again: the generation it read,
-    the fusion in force (hybrid: the dense weight after scaling by `dense_coverage`), the channels that ran
-    and the share of the query's words the dense model reads (None where it was not asked: not hybrid, a
-    fusion given as is, coverage weighting off, or a dense weight of 0)."""
+    the fusion in force (hybrid only, with the dense weight after scaling by `dense_coverage`; None in a
+    one-channel mode, which ranks by that channel alone), the channels that ran and the share of the query's
+    words the dense model reads (None where it was not asked: not hybrid, a fusion given as is, coverage
+    weighting off, or a dense weight of 0)."""
 
     generation: int
     mode: str
-    fusion: Fusion
+    fusion: Fusion | None
     channels: tuple[str, ...]
     dense_coverage: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"generation": self.generation, "mode": self.mode, "fusion": self.fusion.as_dict(),
+        return {"generation": self.generation, "mode": self.mode,
+                "fusion": self.fusion.as_dict() if self.fusion else None,
                 "channels": list(self.channels), "dense_coverage": self.dense_coverage}
 
 
@@ -233,7 +235,8 @@ class Searcher:
                 fusion = replace(fusion, weights={**fusion.weights, "dense": fusion.weights["dense"] * coverage})
         w = fusion.weights
         use = {c: on and w[c] > 0 for c, on in use.items()}
-        applied = Applied(read, mode, fusion, tuple(c for c in CHANNELS if use[c]), coverage)
+        applied = Applied(read, mode, fusion if mode == "hybrid" else None,
+                          tuple(c for c in CHANNELS if use[c]), coverage)
         if k <= 0:
             return Result([], applied)
         qvec = qsparse = None

@@ -272,11 +272,8 @@ def create_app(settings: Settings, *, pool_size: int = 4, embedder: Embedder | N
         with pool.searcher() as s:
             result = s.run(body.query, k=body.k, mode=body.mode, generation=body.generation,  # type: ignore[arg-type]
                            filters=body.filters, rerank=body.rerank)
-        applied = result.applied
-        return {"query": body.query, "mode": body.mode, "k": body.k, "generation": applied.generation,
-                "took_ms": round((time.perf_counter() - t0) * 1000, 2), "hits": [hit_json(h) for h in result.hits],
-                "fusion": applied.fusion.as_dict(), "channels": list(applied.channels),
-                "dense_coverage": applied.dense_coverage}
+        return {"query": body.query, "k": body.k, **result.applied.as_dict(),
+                "took_ms": round((time.perf_counter() - t0) * 1000, 2), "hits": [hit_json(h) for h in result.hits]}
 
     return app
 

@@ -9,6 +9,7 @@ And a signal only asks: a child that stalls on SIGTERM is ended a grace time lat
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -99,16 +100,15 @@ time.sleep(600)
 def _stalling_child_after_kill(tmp_path: Path, mode: str, wait_s: float) -> list[int]:
     (tmp_path / "stalling.py").write_text(STALLING)
     (tmp_path / "spawner.py").write_text(SPAWNER)
+    # the stalling child inherits the pipe: its "ready" says its SIGTERM handler is installed
     proc = subprocess.Popen([sys.executable, str(tmp_path / "spawner.py"), mode, str(tmp_path)],
-                            start_new_session=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        children: list[psutil.Process] = []
-        while not children and time.monotonic() < deadline:
-            time.sleep(0.1)
-            children = [p for p in psutil.Process(proc.pid).children() if p.is_running()]
-        assert children, "the child did not start"
-        time.sleep(1.0)  # its interpreter up and its SIGTERM handler installed
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip() == "ready", "the child did not start"
+        children = [p for p in psutil.Process(proc.pid).children() if p.is_running()]
+        assert children
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + wait_s

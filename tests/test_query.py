@@ -162,16 +162,19 @@ def test_a_search_says_what_it_applied(indexed, conn, embedder) -> None:  # type
     s = Searcher(indexed, conn, embedder)
     en = s.run("Which NFL team won Super Bowl?", k=5).applied
     assert (en.generation, en.mode, en.channels, en.dense_coverage) == (1, "hybrid", ("dense", "lexical"), 1.0)
+    assert en.fusion is not None
     assert en.fusion.as_dict() == {"method": "rrf", "weights": {"dense": 1.0, "lexical": 1.0, "sparse": 1.0},
                                    "rrf_k": 60.0}
     mixed = s.run("合同 HT2023-0876 付款方式", k=5)  # the English model reads 2 of its 5 words (ht2023, 0876)
     assert mixed.applied.dense_coverage == pytest.approx(0.4)
-    assert mixed.applied.fusion.weights["dense"] == pytest.approx(0.4) and "dense" in mixed.applied.channels
+    assert mixed.applied.fusion is not None and "dense" in mixed.applied.channels
+    assert mixed.applied.fusion.weights["dense"] == pytest.approx(0.4)
     zh = s.run("付款方式是什么", k=5)  # none of it: ranked by the lexical channel alone
     assert zh.applied.dense_coverage == 0 and zh.applied.channels == ("lexical",)
     assert zh.hits and all(h.dense_rank is None for h in zh.hits)
     lexical = s.run("Normans", k=5, mode="lexical").applied
     assert lexical.channels == ("lexical",) and lexical.dense_coverage is None
+    assert lexical.fusion is None  # one channel: its own ranking, nothing fused
     given = s.run("付款方式是什么", k=5, fusion=Fusion()).applied  # a fusion given is used as is
     assert given.dense_coverage is None and given.channels == ("dense", "lexical")
     none = s.run("Normans", k=0)
@@ -186,6 +189,7 @@ def test_sql_functions_match_the_python_api(indexed, conn, embedder) -> None:  #
     segmented = Analyzer.from_settings(indexed).query(question).sql_text()
     qvec = HalfVector(embedder.embed([question]).dense[0])
     # the Python API scales the dense weight by how much of the query the model reads; SQL takes it as given
+    assert result.applied.fusion is not None
     w_dense = result.applied.fusion.weights["dense"]
     assert w_dense == pytest.approx(s.dense_coverage(question)) and 0 < w_dense < 1
     rows = conn.execute("SELECT chunk_id, source FROM corpusync.search_hybrid(%s, %s, NULL, 5, '{}', NULL, %s)",

@@ -65,7 +65,9 @@ def test_health_search_modes_filters_syntax_and_errors(indexed, embedder) -> Non
         assert nothing["dense_coverage"] == 0 and nothing["channels"] == ["lexical"]
         assert nothing["fusion"] == {"method": "rrf", "weights": {"dense": 0.0, "lexical": 1.0, "sparse": 1.0},
                                      "rrf_k": 60.0}
-        zh = search(client, query="游戏", k=20, mode="lexical", filters={"path": "zh/"}).json()["hits"]
+        one = search(client, query="游戏", k=20, mode="lexical", filters={"path": "zh/"}).json()
+        assert one["fusion"] is None and one["channels"] == ["lexical"]  # one channel: nothing fused
+        zh = one["hits"]
         assert zh and all(x["source"].startswith("zh/") for x in zh)
 
         base = search(client, query="Super Bowl", k=20, mode="lexical").json()["hits"]
