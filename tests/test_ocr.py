@@ -5,6 +5,7 @@ onnxruntime settings (memory arena on, threads that sleep instead of spinning)."
 from __future__ import annotations
 
 import hashlib
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,11 +15,13 @@ import pytest
 from PIL import Image
 
 from corpusync.adapters.ocr import (
+    EMPTY_PAGE_WARNING,
     OcrLine,
     OcrResult,
     RapidOcrEngine,
     build_ocr_engine,
     lines_to_paragraphs,
+    not_an_empty_page,
     recognise_page,
 )
 from schemas.records import ParseOptions, SourceFile
@@ -133,6 +136,34 @@ def test_rapidocr_sessions_use_the_arena_and_do_not_spin() -> None:
         opts = model.session.session.get_session_options()
         assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         assert opts.enable_cpu_mem_arena and opts.intra_op_num_threads == engine.threads
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_an_image_without_text_draws_no_warning_from_the_engine() -> None:
+    """RapidOCR warns, in colour on stderr, of every image it finds no text in (a refresh of the shared
+    corpus printed four); the parse reports that outcome in its own words."""
+    engine = build_ocr_engine("rapidocr")
+    assert isinstance(engine, RapidOcrEngine)
+    engine._load()
+    log, kept = logging.getLogger("RapidOCR"), _Kept()
+    blank = np.full((200, 300, 3), 255, dtype=np.uint8)
+    log.addHandler(kept)
+    try:
+        assert engine.recognise(blank).lines == [] and kept.messages == []
+        log.removeFilter(not_an_empty_page)  # the control: RapidOCR still warns, in the words filtered out
+        engine.recognise(blank)
+        assert kept.messages == [EMPTY_PAGE_WARNING]
+    finally:
+        log.addFilter(not_an_empty_page)
+        log.removeHandler(kept)
 
 
 @pytest.mark.slow

@@ -313,6 +313,35 @@ def test_with_ocr_off_an_untrusted_text_layer_is_left_out_and_the_refusal_says_w
             "(CORPUSYNC_OCR_ENGINE=none)") in str(refused.value)
 
 
+def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_soup_is_named(tmp_path: Path) -> None:
+    """A page whose text layer is too short to trust over its image is OCRed; when OCR reads nothing there,
+    the layer is all the page has and is indexed (pdf.js's scan-bad.pdf was quarantined, its "pdf.js" lost).
+    Glyph soup is not kept, and the refusal says the layer was unusable (it said there was none)."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 60, 80), 0))
+    page.insert_text((72, 72), "Figure 1", render_mode=3)  # invisible: OCR sees only the (blank) image
+    doc.new_page().insert_text((72, 72), "".join(f"(cid:{n})" for n in range(40, 80)), render_mode=3)
+    doc.save(tmp_path / "scan.pdf")
+    parsed = parse_document(source(tmp_path / "scan.pdf"), ParseOptions())
+    assert [(b.kind, b.text, b.page) for b in parsed.blocks] == [("text", "Figure 1", 1)]
+    first, second = parsed.metadata["ocr_pages"]
+    assert (first["reason"], first["lines"], first.get("kept_text_layer")) == ("no-text", 0, True)
+    assert (second["reason"], second["lines"], second.get("kept_text_layer")) == ("garbage", 0, None)
+    assert parsed.metadata["pages_without_text"] == [2]
+
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "".join(f"(cid:{n})" for n in range(40, 80)), render_mode=3)
+    doc.save(tmp_path / "soup.pdf")
+    with pytest.raises(ParseError) as refused:
+        parse_document(source(tmp_path / "soup.pdf"), ParseOptions())
+    assert ("soup.pdf: no-text: none of its 1 pages has a usable text layer (1 garbage); OCR found no text "
+            "either") in str(refused.value)
+
+    scan = parse_document(source(CORPUS / "pdfjs-test-pdfs/scan-bad.pdf"), ParseOptions())
+    assert "pdf.js" in text_of(scan)  # the text layer's word, or OCR's reading of it
+
+
 def test_pages_past_the_ocr_cap_keep_only_a_trustworthy_text_layer(tmp_path: Path) -> None:
     """With CORPUSYNC_OCR_MAX_PAGES reached, a page whose text layer cannot be trusted (here spaced out, as
     garbage glyphs are) is recorded as skipped and indexes nothing; TAMReview.pdf's glyph soup was indexed."""

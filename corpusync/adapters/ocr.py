@@ -164,6 +164,15 @@ def keep_large_buffers() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, size)) and bool(libc.mallopt(M_TRIM_THRESHOLD, size))
 
 
+EMPTY_PAGE_WARNING = "The text detection result is empty"
+
+
+def not_an_empty_page(record: logging.LogRecord) -> bool:
+    """A filter for RapidOCR's logger: it warns (in colour, on stderr) of every image it finds no text in, an
+    outcome the parse reports in its own words (blank pages, a quarantine that names the file)."""
+    return record.getMessage() != EMPTY_PAGE_WARNING
+
+
 class RapidOcrEngine:
     """PP-OCRv6 detection + recognition (+ the text-line direction classifier) through RapidOCR, on
     `threads` onnxruntime threads (default: every CPU this process may use)."""
@@ -179,7 +188,9 @@ class RapidOcrEngine:
 
     def _load(self) -> Any:
         if self._engine is None:
-            logging.getLogger("RapidOCR").setLevel(logging.WARNING)
+            log = logging.getLogger("RapidOCR")
+            log.setLevel(logging.WARNING)
+            log.addFilter(not_an_empty_page)
             from rapidocr import RapidOCR
 
             engine = RapidOCR(params=RAPIDOCR_PARAMS | {

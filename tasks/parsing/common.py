@@ -10,7 +10,7 @@ from importlib import metadata
 from corpusync.core.unicode_text import CJK
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "9"
+PARSE_LOGIC_VERSION = "10"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")

@@ -85,6 +85,14 @@ def _invisible_share(page: object) -> float:
 _REASON_WORDS = {"no-text": "without text", "garbage": "garbage", "spaced-out": "spaced out",
                  "scanned-image": "scanned"}  # ocr_reason's reasons in an error message
 
+def _layer_kept(reason: str, text: str) -> bool:
+    """Whether a page's untrusted text layer is indexed when OCR cannot replace it (off, past its cap, or it
+    read nothing): another OCR's invisible layer over a scan, and a few characters over an image (too few
+    to trust over what OCR would read, better than nothing: pdf.js's scan-bad.pdf keeps its "pdf.js").
+    Glyph soup and spaced-out letters are not."""
+    return reason == "scanned-image" or (reason == "no-text" and bool(text.strip()))
+
+
 BLANK_MAX_ITEMS = 16  # path segments a page without text or images may draw and still be blank (a frame, rules)
 
 
@@ -308,18 +316,23 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         blank.append(number)
                     elif options.ocr_engine != "none" and len(ocr_pages) < options.ocr_max_pages:
                         dpi = _render_dpi(page, src.path, options.ocr_dpi)
-                        pages.append(ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages))
+                        read = ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages)
                         if dpi != options.ocr_dpi:
                             ocr_pages[-1]["dpi"] = dpi
-                        ocr_done.add(index)
-                        chars += sum(len(t) for t, _ in pages[-1])
-                        if chars > options.max_chars:
-                            raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
-                        continue
-                    else:  # OCR off or past ocr_max_pages: only another OCR's invisible layer is worth keeping
+                        if read or not _layer_kept(reason, full):
+                            if not read and full.strip():  # glyph soup or spaced-out letters
+                                untrusted[reason] += 1
+                            pages.append(read)
+                            ocr_done.add(index)
+                            chars += sum(len(t) for t, _ in read)
+                            if chars > options.max_chars:
+                                raise too_long(src.path, chars, options.max_chars, f"by page {number}, ")
+                            continue
+                        ocr_pages[-1]["kept_text_layer"] = True  # OCR read nothing: the layer is all there is
+                    else:  # OCR off or past ocr_max_pages
                         skipped_ocr.append(number)
                         untrusted[reason] += 1
-                        if reason != "scanned-image":
+                        if not _layer_kept(reason, full):
                             pages.append([])
                             continue
                 chars += len(full)
@@ -369,7 +382,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         elif blank:
             hint = (f"{len(blank)} blank pages (no text, images or drawings) were not OCRed"
                     + (", OCR found no text on the others" if len(blank) < page_count else ""))
-        elif untrusted:
+        elif skipped_ocr:
             hint = f"past CORPUSYNC_OCR_MAX_PAGES={options.ocr_max_pages}, pages are not OCRed"
         else:
             hint = "OCR found no text either"
