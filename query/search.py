@@ -86,7 +86,7 @@ class Applied:
 
     def as_dict(self) -> dict[str, Any]:
         return {"generation": self.generation, "mode": self.mode,
-                "fusion": self.fusion.as_dict() if self.fusion else None,
+                "fusion": self.fusion.as_dict() if self.fusion is not None else None,
                 "channels": list(self.channels), "dense_coverage": self.dense_coverage}
 
 

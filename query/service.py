@@ -11,8 +11,9 @@ one connection for its whole search, so no two threads ever share a connection o
                    "rerank": false}
                   -> {"query": ..., "mode": ..., "k": ..., "generation": the one read (also with no hits),
                       "took_ms": ..., "hits": [Hit.as_dict() + citation], "fusion": the weights and rrf_k
-                      ranked by (hybrid: the dense weight scaled by dense_coverage), "channels": those that
-                      ran, "dense_coverage": the share of the query's words the dense model reads, or null}
+                      ranked by (the dense weight scaled by dense_coverage; null in a one-channel mode),
+                      "channels": those that ran, "dense_coverage": the share of the query's words the dense
+                      model reads, or null}
 
 Errors: a corpusync error (bad mode, bad filter date, unknown generation, empty index, model mismatch) or a
 malformed body is 400 {"error": message}; the database unreachable is 503; anything else is 500

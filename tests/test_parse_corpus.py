@@ -319,7 +319,9 @@ def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_so
     Glyph soup is not kept, and the refusal says the layer was unusable (it said there was none)."""
     doc = pymupdf.open()
     page = doc.new_page()
-    page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 60, 80), 0))
+    white = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 60, 80), 0)
+    white.clear_with(255)  # a new pixmap holds whatever memory it was given
+    page.insert_image(page.rect, pixmap=white)
     page.insert_text((72, 72), "Figure 1", render_mode=3)  # invisible: OCR sees only the (blank) image
     doc.new_page().insert_text((72, 72), "".join(f"(cid:{n})" for n in range(40, 80)), render_mode=3)
     doc.save(tmp_path / "scan.pdf")
@@ -329,6 +331,10 @@ def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_so
     assert (first["reason"], first["lines"], first.get("kept_text_layer")) == ("no-text", 0, True)
     assert (second["reason"], second["lines"], second.get("kept_text_layer")) == ("garbage", 0, None)
     assert parsed.metadata["pages_without_text"] == [2]
+    assert parsed.metadata["low_confidence_pages"] == [2]  # page 1 is indexed from its layer, not from OCR
+    off = parse_document(source(tmp_path / "scan.pdf"), ParseOptions(ocr_engine="none"))  # no OCR to replace it
+    assert [(b.kind, b.text, b.page) for b in off.blocks] == [("text", "Figure 1", 1)]
+    assert off.metadata["ocr_skipped_pages"] == [1, 2]
 
     doc = pymupdf.open()
     doc.new_page().insert_text((72, 72), "".join(f"(cid:{n})" for n in range(40, 80)), render_mode=3)

@@ -319,7 +319,7 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         read = ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages)
                         if dpi != options.ocr_dpi:
                             ocr_pages[-1]["dpi"] = dpi
-                        if read or not _layer_kept(reason, full):
+                        if any(clean_text(t) for t, _ in read) or not _layer_kept(reason, full):
                             if not read and full.strip():  # glyph soup or spaced-out letters
                                 untrusted[reason] += 1
                             pages.append(read)
@@ -394,7 +394,9 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
         metadata["blank_pages"] = blank
     if ocr_pages:
         metadata["ocr_pages"] = ocr_pages
-        metadata["low_confidence_pages"] = [p["page"] for p in ocr_pages if p["low_confidence"]]
+        # a page whose text layer was kept is not indexed from its (empty) OCR reading
+        metadata["low_confidence_pages"] = [p["page"] for p in ocr_pages
+                                            if p["low_confidence"] and not p.get("kept_text_layer")]
     if skipped_ocr:
         metadata["ocr_skipped_pages"] = skipped_ocr
     engine = ocr_pages[0]["engine"].split(" ", 1) if ocr_pages else None
