@@ -52,7 +52,9 @@ def chunk_rows(docs: list[EmbeddedDocument], t: Thresholds) -> list[dict[str, An
     for ed in docs:
         parsed = ed.doc.parsed
         text, _ = parsed.layout()
-        ocr = {p.get("page"): p.get("confidence") for p in parsed.metadata.get("ocr_pages", [])}
+        # the OCR confidence of pages indexed from OCR (not of one whose text layer was kept: OCR read nothing)
+        ocr = {p.get("page"): p.get("confidence") for p in parsed.metadata.get("ocr_pages", [])
+               if not p.get("kept_text_layer")}
         low = set(parsed.metadata.get("low_confidence_pages", []))
         dense = ed.dense  # one view of the record batch's dense column
         norms = np.linalg.norm(dense, axis=1)

@@ -293,3 +293,30 @@ def test_validation_quarantines_documents_with_broken_vectors(embedder) -> None:
     assert [ed.doc.parsed.source.path for ed in outcome.passed] == ["ok.md"]
     assert "expect_column_values_to_be_in_set(finite)" in outcome.failures["nan.md"]
     assert outcome.failures["long.md"] == ["expect_column_values_to_be_between(norm)"]
+
+
+def test_a_page_indexed_from_its_kept_text_layer_passes_the_ocr_check(embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """OCR read nothing on the page (confidence 0) and its few words of text layer are indexed: the chunk is
+    not OCR text, so the OCR confidence check does not apply (a refresh quarantined pdf.js's scan-bad.pdf at
+    validate when it did)."""
+    import dataclasses
+
+    from schemas.records import ParseOptions
+    from tasks.chunk import ChunkConfig, chunk_document
+    from tasks.parse import parse_document
+    from tasks.validate import Thresholds, chunk_rows
+    from tests.test_parse_corpus import kept_layer_pdf, source
+
+    parsed = parse_document(source(kept_layer_pdf(tmp_path / "scan.pdf")), ParseOptions())
+    assert parsed.metadata["ocr_pages"][0]["kept_text_layer"] and parsed.metadata["low_confidence_pages"] == [2]
+    limits = Thresholds(max_tokens=64, dimension=384, normalized=True)
+
+    def ocr_ok(doc):  # type: ignore[no-untyped-def]
+        embedded, _ = embed_documents([chunk_document(doc, embedder, ChunkConfig(64, 0.0))], embedder,
+                                      VectorTable.empty(384, False), 4096)
+        return [r["ocr_ok"] for r in chunk_rows(embedded, limits)]
+
+    assert ocr_ok(parsed) == [True]
+    # the control: the same page read as OCR text of confidence 0, not flagged low, fails the check
+    pages = [{**p, "kept_text_layer": False} for p in parsed.metadata["ocr_pages"]]
+    assert ocr_ok(dataclasses.replace(parsed, metadata={**parsed.metadata, "ocr_pages": pages})) == [False]

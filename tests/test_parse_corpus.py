@@ -313,10 +313,9 @@ def test_with_ocr_off_an_untrusted_text_layer_is_left_out_and_the_refusal_says_w
             "(CORPUSYNC_OCR_ENGINE=none)") in str(refused.value)
 
 
-def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_soup_is_named(tmp_path: Path) -> None:
-    """A page whose text layer is too short to trust over its image is OCRed; when OCR reads nothing there,
-    the layer is all the page has and is indexed (pdf.js's scan-bad.pdf was quarantined, its "pdf.js" lost).
-    Glyph soup is not kept, and the refusal says the layer was unusable (it said there was none)."""
+def kept_layer_pdf(path: Path) -> Path:
+    """Page 1: a blank image under the invisible words "Figure 1" (too few to trust over the image; OCR reads
+    nothing); page 2: invisible unmapped glyph codes (garbage; nothing to OCR either)."""
     doc = pymupdf.open()
     page = doc.new_page()
     white = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 60, 80), 0)
@@ -324,7 +323,15 @@ def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_so
     page.insert_image(page.rect, pixmap=white)
     page.insert_text((72, 72), "Figure 1", render_mode=3)  # invisible: OCR sees only the (blank) image
     doc.new_page().insert_text((72, 72), "".join(f"(cid:{n})" for n in range(40, 80)), render_mode=3)
-    doc.save(tmp_path / "scan.pdf")
+    doc.save(path)
+    return path
+
+
+def test_where_ocr_reads_nothing_a_few_words_of_text_layer_are_kept_and_glyph_soup_is_named(tmp_path: Path) -> None:
+    """A page whose text layer is too short to trust over its image is OCRed; when OCR reads nothing there,
+    the layer is all the page has and is indexed (pdf.js's scan-bad.pdf was quarantined, its "pdf.js" lost).
+    Glyph soup is not kept, and the refusal says the layer was unusable (it said there was none)."""
+    kept_layer_pdf(tmp_path / "scan.pdf")
     parsed = parse_document(source(tmp_path / "scan.pdf"), ParseOptions())
     assert [(b.kind, b.text, b.page) for b in parsed.blocks] == [("text", "Figure 1", 1)]
     first, second = parsed.metadata["ocr_pages"]
