@@ -110,6 +110,7 @@ def diff(
     *,
     retry: RetryPolicy | None = None,
     now: datetime | None = None,
+    stage_fingerprints: Mapping[str, str] | None = None,
 ) -> DiffPlan:
     """Classify every file as new, changed, unchanged or deleted.
 
@@ -120,6 +121,11 @@ def diff(
     is processed again and listed in plan.retrying. A deleted document whose content reappears under a new
     path is reported as a rename; it is still a delete plus a new document (identity = path), and the new
     one reuses the stored vectors of its identical chunks.
+
+    `stage_fingerprints`: for a stage that depends on more than the pipeline fingerprint (validation: its
+    settings and logic), the fingerprint its quarantine records were written with; a record of that stage is
+    tried again when it differs (a looser threshold, validation off, a fixed check), without the live
+    documents counting as changed.
     """
     quarantined = quarantined or {}
     policy = retry or RetryPolicy()
@@ -137,7 +143,8 @@ def diff(
             continue
         q = quarantined.get(f.path)
         state = q if isinstance(q, QuarantineState) or q is None else QuarantineState(*q)
-        if state is not None and (state.content_sha256, state.pipeline_fingerprint) == (f.sha256, fingerprint):
+        expected = (stage_fingerprints or {}).get(state.stage, fingerprint) if state is not None else fingerprint
+        if state is not None and (state.content_sha256, state.pipeline_fingerprint) == (f.sha256, expected):
             record = with_state(QuarantineRecord(f.path, state.stage, state.reason, state.error, f.sha256),
                                 state, policy, repeated=True)
             if record.retry_at is None or record.retry_at > now:

@@ -28,6 +28,10 @@ class Thresholds:
     min_ocr_confidence: float = 0.8
 
 
+# Bump when a check changes what it accepts: documents it quarantined are tried again.
+VALIDATE_LOGIC_VERSION = "2"
+
+
 @dataclass
 class ValidationOutcome:
     passed: list[EmbeddedDocument]

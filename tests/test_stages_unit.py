@@ -13,7 +13,7 @@ import pytest
 from corpusync.core.errors import MassDeleteRefused, ParseError
 from schemas.records import Block, DiffPlan, LiveVersion, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
-from tasks.diff import diff
+from tasks.diff import QuarantineState, diff
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
 from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
@@ -65,6 +65,40 @@ def test_diff_reprocesses_when_pipeline_changes_and_skips_known_bad_files() -> N
     assert [f.path for f, _ in plan.changed] == ["a.md"]
     assert [q.path for q in plan.still_quarantined] == ["bad.pdf"]
     assert not plan.new
+
+
+def test_a_validate_quarantine_is_tried_again_when_validation_changes_not_the_pipeline() -> None:
+    """A record of a stage with its own fingerprint (validation: its settings and logic) is still quarantined
+    while that fingerprint holds and tried again when it changes; the live documents and the other stages'
+    records go by the pipeline fingerprint alone."""
+    a, checked, bad = _src("a.md", "A"), _src("checked.pdf", "%PDF-1"), _src("bad.pdf", "%PDF-broken")
+    records = {"checked.pdf": QuarantineState(checked.sha256, "suite-1", "validate", "data-quality"),
+               "bad.pdf": QuarantineState(bad.sha256, "fp", "parse", "corrupt")}
+    live = [_live("a.md", a.sha256)]
+    same = diff([a, checked, bad], live, "fp", records, stage_fingerprints={"validate": "suite-1"})
+    assert sorted(q.path for q in same.still_quarantined) == ["bad.pdf", "checked.pdf"] and not same.new
+    looser = diff([a, checked, bad], live, "fp", records, stage_fingerprints={"validate": "suite-2"})
+    assert [f.path for f in looser.new] == ["checked.pdf"] and [q.path for q in looser.still_quarantined] == [
+        "bad.pdf"]
+    assert [v.path for v in looser.unchanged] == ["a.md"]
+
+
+def test_the_validation_fingerprint_follows_its_settings_and_not_the_pipeline_s(embedder) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import dataclass
+
+    from corpusync.app.pipeline import pipeline_fingerprint, validation_fingerprint
+    from schemas.settings import Settings
+
+    @dataclass
+    class Configured:
+        settings: Settings
+        embedder: object
+
+    base = Configured(Settings(home=Path(".corpusync")), embedder)
+    others = [Configured(Settings(home=Path(".corpusync"), validate_norm_tolerance=0.05), embedder),
+              Configured(Settings(home=Path(".corpusync"), validate_chunks=False), embedder)]
+    assert {pipeline_fingerprint(c) for c in [base, *others]} == {pipeline_fingerprint(base)}  # type: ignore[arg-type]
+    assert len({validation_fingerprint(c) for c in [base, *others]}) == 3  # type: ignore[arg-type]
 
 
 def test_mass_delete_guard() -> None:

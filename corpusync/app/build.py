@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 from corpusync.app.fanout import BatchResult, EmbeddingCancelled, embed_batch
-from corpusync.app.pipeline import _quarantine, chunk_config, pipeline_fingerprint
+from corpusync.app.pipeline import _quarantine, chunk_config, pipeline_fingerprint, validation_fingerprint
 from corpusync.app.runtime import RefreshContext
 from corpusync.core import progress
 from corpusync.core.errors import ParseError
@@ -319,7 +319,7 @@ def step_validate(ctx: RefreshContext, embedded: list[EmbeddedDocument]
                                "failed expectations: " + ", ".join(outcome.failures[ed.doc.parsed.source.path]),
                                ed.doc.parsed.source.sha256)
               for ed in embedded if ed.doc.parsed.source.path in outcome.failures]
-    _quarantine(ctx, failed, pipeline_fingerprint(ctx))
+    _quarantine(ctx, failed, validation_fingerprint(ctx))  # tried again when validation changes
     return outcome.passed, outcome
 
 

@@ -44,9 +44,10 @@ def looks_unchanged(settings: Settings, source: Path) -> tuple[bool, pipeline.Di
         if not published:
             return False, None
         files, problems = discover_stage.discover(source, settings.include_globs, settings.exclude_globs)
-        fingerprint = pipeline.pipeline_fingerprint(_Configured(settings))
-        plan = diff(files, versions.live_versions(conn, published), fingerprint,
-                    versions.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings))
+        configured = _Configured(settings)
+        plan = diff(files, versions.live_versions(conn, published), pipeline.pipeline_fingerprint(configured),
+                    versions.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings),
+                    stage_fingerprints=pipeline.stage_fingerprints(configured))
     unreadable = {p.path for p in problems}
     unchanged = not (plan.new or plan.changed or plan.to_process
                      or any(v.path not in unreadable for v in plan.deleted))

@@ -32,6 +32,7 @@ from tasks import parse as parse_stage
 from tasks import publish as publish_stage
 from tasks import validate_worker
 from tasks.diff import RetryPolicy, diff, with_state
+from tasks.validate import VALIDATE_LOGIC_VERSION
 
 log = logging.getLogger("corpusync.refresh")
 
@@ -58,6 +59,20 @@ def pipeline_fingerprint(ctx: Configured) -> str:
                     "lexical=" + lexical.Analyzer.from_settings(ctx.settings).fingerprint,
                     ctx.embedder.identity.identity_hash])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def validation_fingerprint(ctx: Configured) -> str:
+    """What a validate-stage quarantine was decided by besides the pipeline: the suite's logic version and its
+    settings (the other thresholds come from the chunker, the model and the parse options)."""
+    s = ctx.settings
+    suite = f"v{VALIDATE_LOGIC_VERSION};tol={s.validate_norm_tolerance}" if s.validate_chunks else "off"
+    raw = pipeline_fingerprint(ctx) + "|validate=" + suite
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def stage_fingerprints(ctx: Configured) -> dict[str, str]:
+    """The fingerprints quarantine records of stages that depend on more than the pipeline are written with."""
+    return {"validate": validation_fingerprint(ctx)}
 
 
 @dataclass
@@ -116,7 +131,8 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         quarantined = versions.latest_quarantine(ctx.conn)
         files = found.files
         unsupported = [f for f in files if not parse_stage.supported(f.path)]
-        plan = diff(files, live, fp, quarantined, retry=RetryPolicy.from_settings(ctx.settings))
+        plan = diff(files, live, fp, quarantined, retry=RetryPolicy.from_settings(ctx.settings),
+                    stage_fingerprints=stage_fingerprints(ctx))
         if ctx.reembed:  # everything again, even with the model unchanged (the help's promise)
             by_path = {f.path: f for f in files}
             plan.changed += [(by_path[v.path], v) for v in plan.unchanged if v.path in by_path]
