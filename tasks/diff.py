@@ -128,6 +128,7 @@ def diff(
     documents counting as changed.
     """
     quarantined = quarantined or {}
+    by_stage = stage_fingerprints or {}
     policy = retry or RetryPolicy()
     now = now or datetime.now(UTC)
     live_by_path = {v.path: v for v in live}
@@ -143,8 +144,8 @@ def diff(
             continue
         q = quarantined.get(f.path)
         state = q if isinstance(q, QuarantineState) or q is None else QuarantineState(*q)
-        expected = (stage_fingerprints or {}).get(state.stage, fingerprint) if state is not None else fingerprint
-        if state is not None and (state.content_sha256, state.pipeline_fingerprint) == (f.sha256, expected):
+        if state is not None and (state.content_sha256, state.pipeline_fingerprint) == (
+                f.sha256, by_stage.get(state.stage, fingerprint)):
             record = with_state(QuarantineRecord(f.path, state.stage, state.reason, state.error, f.sha256),
                                 state, policy, repeated=True)
             if record.retry_at is None or record.retry_at > now:

@@ -85,6 +85,7 @@ def _invisible_share(page: object) -> float:
 _REASON_WORDS = {"no-text": "without text", "garbage": "garbage", "spaced-out": "spaced out",
                  "scanned-image": "scanned"}  # ocr_reason's reasons in an error message
 
+
 def _layer_kept(reason: str, text: str) -> bool:
     """Whether a page's untrusted text layer is indexed when OCR cannot replace it (off, past its cap, or it
     read nothing): another OCR's invisible layer over a scan, and a few characters over an image (too few
@@ -319,8 +320,9 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                         read = ocr._ocr_paragraphs(ocr._render(page, dpi), number, options, reason, ocr_pages)
                         if dpi != options.ocr_dpi:
                             ocr_pages[-1]["dpi"] = dpi
-                        if any(clean_text(t) for t, _ in read) or not _layer_kept(reason, full):
-                            if not read and full.strip():  # glyph soup or spaced-out letters
+                        usable = any(clean_text(t) for t, _ in read)
+                        if usable or not _layer_kept(reason, full):
+                            if not usable and full.strip():  # glyph soup or spaced-out letters
                                 untrusted[reason] += 1
                             pages.append(read)
                             ocr_done.add(index)
