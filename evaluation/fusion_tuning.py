@@ -71,6 +71,11 @@ class TuneResult:
     grid_size: int
 
     changed: bool = False             # whether `best` fuses differently from the default
+    # the cross-validated gain over the default: question by question, the objective of the choice of the fold
+    # that held the question out minus the default's; its mean and that mean's standard error
+    held_out_gain: float = 0.0
+    gain_se: float = 0.0
+    kept_default: bool = False        # the refit on all questions differed, but the gain was within one SE
 
 
 def _effective(f: Fusion, present: set[str]) -> Fusion:
@@ -185,6 +190,8 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     1e-9) go to the point that fuses like the default, then to fewer running channels, then to a lower sum
     of weights relative to the largest, then to the default's method, then to rrf_k nearest the default's,
     then to grid order. Reported numbers are recomputed with evaluation.metrics.question_scores.
+    `best` is the default after all (kept_default) when the held-out gain of the folds' choices over it is
+    within one standard error, unless the default falls below a channel (never_below).
     """
     qs = sorted(questions, key=lambda q: q.question_id)  # input order changes nothing, not even rounding
     ids = [q.question_id for q in qs]
@@ -256,20 +263,29 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
 
     fold_of = _folds(ids, folds, seed)
     per_fold: list[dict[str, Any]] = []
+    gain = np.zeros(len(qs))
     for fold in range(folds):
         test = fold_of == fold
         i = pick(~test)
+        gain[test] = obj[i, test] - obj[0, test]
         per_fold.append({"fold": fold, "train": int((~test).sum()), "test": int(test.sum()),
                          "fusion": fusions[i].as_dict(), "held_in": mean(i, ~test), "held_out": mean(i, test),
                          "default_held_out": mean(0, test)})
     every = np.ones(len(qs), bool)
     best = pick(every)
+    # One-standard-error rule (as in CART's pruning): the default, the simpler model, stays unless tuning
+    # beats it on held-out questions by more than the noise of that comparison, so a fit that only wins in
+    # sample is not stored. Not where the default falls below a gold set's best channel: the rule above wins.
+    mean_gain, se = float(gain.mean()), float(gain.std(ddof=1) / np.sqrt(len(qs)))
+    kept = best != 0 and mean_gain <= se + _TIE and (not never_below or shortfall(every)[0] <= _TIE)
+    if kept:
+        best = 0
     return TuneResult(
         best=fusions[best], default=default, folds=folds, objective=OBJECTIVE,
         held_in={m: float(np.mean([p["held_in"][m] for p in per_fold])) for m in REPORTED},
         held_out={m: float(np.mean([p["held_out"][m] for p in per_fold])) for m in REPORTED},
         default_scores=mean(0, every), per_fold=per_fold, grid_size=len(fusions),
-        changed=_key(fusions[best], present) != base_key)
+        changed=_key(fusions[best], present) != base_key, held_out_gain=mean_gain, gain_se=se, kept_default=kept)
 
 
 def describe(result: TuneResult) -> str:
@@ -283,5 +299,7 @@ def describe(result: TuneResult) -> str:
     chosen = {repr(p["fusion"]) for p in result.per_fold}
     lines += [f"default:  {result.default.label()}",
               f"chosen:   {result.best.label()}" + ("" if result.changed else "  (same as default)"),
+              f"held-out gain over the default: {result.held_out_gain:+.4f} (standard error {result.gain_se:.4f})"
+              + (": within one standard error, the default is kept" if result.kept_default else ""),
               f"folds agreed on {'one fusion' if len(chosen) == 1 else f'{len(chosen)} different fusions'}"]
     return "\n".join(lines)

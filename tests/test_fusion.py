@@ -161,12 +161,24 @@ def test_tune_drops_a_noise_channel_and_beats_the_default_held_out() -> None:
     assert res.best.weights["dense"] <= 0.25 * res.best.weights["lexical"]
     assert res.best.weights["lexical"] > 0 and res.changed
     assert res.held_out["objective"] >= res.default_scores["objective"]
+    assert res.held_out_gain > res.gain_se > 0 and not res.kept_default  # a clear held-out gain: adopted
     assert res.held_in["objective"] >= res.held_out["objective"] - 1e-12
     assert res.held_out["recall@10"] == 1.0  # lexical alone always has the relevant chunk in its top 3
     assert len(res.per_fold) == 5 and sum(p["test"] for p in res.per_fold) == len(qs)
     assert res.grid_size == 1 + 7 * 7 - 1  # default + 7 weight vectors x (6 rrf_k + score), default deduped
     text = describe(res)
     assert "held-out" in text and res.best.label() in text and "objective" in text
+
+
+def test_the_default_stays_when_tuning_gains_nothing_held_out() -> None:
+    """Ranks at random in both channels: a fold always finds some point that wins on its training questions,
+    but the folds' choices gain nothing on the questions they did not see, so the default is kept."""
+    qs = random_questions(2, 40, channels=("dense", "lexical"))
+    res = tune(qs, default=Fusion(), channels=CHANNELS, folds=5, seed=0, never_below=False)
+    assert any(p["fusion"] != res.best.as_dict() for p in res.per_fold)  # the folds did choose other points
+    assert res.held_out_gain <= res.gain_se and res.kept_default and not res.changed
+    assert res.best == Fusion("rrf", {"dense": 1, "lexical": 1, "sparse": 0}, 60)  # sparse: no candidate has it
+    assert "within one standard error, the default is kept" in describe(res)
 
 
 def test_tune_is_deterministic_and_independent_of_input_order() -> None:
@@ -231,4 +243,6 @@ def test_never_below_the_best_channel_of_each_gold_set() -> None:
     tight = tune(qs, default=heavy, channels=CHANNELS, folds=2, grid=[balanced])
     assert loose.best == heavy and fuse(b[0].candidates, heavy, 10)[0] == 2  # loses set b
     assert tight.best == balanced
+    # adopted although it gains nothing held out: the default falls below set b's best channel
+    assert tight.held_out_gain <= tight.gain_se and not tight.kept_default
     assert all(fuse(q.candidates, balanced, 10)[0] == 5 for q in a1 + b)
