@@ -46,10 +46,11 @@ gate: install
 
 # Three pytest workers on 2 cores, a whole test file on each (module fixtures are built once): much of a test
 # waits on processes, servers, downloads and locks, not on the CPU. On the same code here: 1,252 s with 3 workers,
-# 1,463 s with 2. TEST_WORKERS=0 runs the suite serially.
+# 1,463 s with 2. TEST_WORKERS=0 runs the suite serially. --durations lists the slowest tests, so a slow CI run
+# shows where its time went.
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: install
 	$(BIN)/ruff check .

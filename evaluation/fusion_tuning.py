@@ -276,8 +276,10 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     # One-standard-error rule (as in CART's pruning): the default, the simpler model, stays unless tuning
     # beats it on held-out questions by more than the noise of that comparison, so a fit that only wins in
     # sample is not stored. Not where the default falls below a gold set's best channel: the rule above wins.
-    mean_gain, se = float(gain.mean()), float(gain.std(ddof=1) / np.sqrt(len(qs)))
-    kept = best != 0 and mean_gain <= se + _TIE and (not never_below or shortfall(every)[0] <= _TIE)
+    mean_gain = float(gain.mean())
+    se = float(gain.std(ddof=1) / np.sqrt(len(qs))) if len(qs) > 1 else 0.0
+    # bool(): numpy's comparisons give np.bool_, which the JSON report and the stored record cannot hold
+    kept = bool(best != 0 and mean_gain <= se + _TIE and (not never_below or shortfall(every)[0] <= _TIE))
     if kept:
         best = 0
     return TuneResult(

@@ -3,6 +3,7 @@ batched scorer against fuse() + question_scores, and cross-validated tuning on s
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import pytest
 from evaluation.fusion import CHANNELS, Candidate, Fusion, candidates_from_hits, fuse, fused_scores
 from evaluation.fusion_tuning import Grid, QuestionCandidates, _Batch, describe, tune
 from evaluation.metrics import question_scores
+from tasks.tune import TuneOutcome
 
 
 def cand(cid: int, **ranks: int) -> Candidate:
@@ -177,6 +179,7 @@ def test_the_default_stays_when_tuning_gains_nothing_held_out() -> None:
     res = tune(qs, default=Fusion(), channels=CHANNELS, folds=5, seed=0, never_below=False)
     assert any(p["fusion"] != res.best.as_dict() for p in res.per_fold)  # the folds did choose other points
     assert res.held_out_gain <= res.gain_se and res.kept_default and not res.changed
+    assert json.loads(json.dumps(TuneOutcome(res, None).as_dict()))["kept_default"] is True  # the CLI's report
     assert res.best == Fusion("rrf", {"dense": 1, "lexical": 1, "sparse": 0}, 60)  # sparse: no candidate has it
     assert "within one standard error, the default is kept" in describe(res)
 
@@ -245,4 +248,5 @@ def test_never_below_the_best_channel_of_each_gold_set() -> None:
     assert tight.best == balanced
     # adopted although it gains nothing held out: the default falls below set b's best channel
     assert tight.held_out_gain <= tight.gain_se and not tight.kept_default
+    assert json.loads(json.dumps(TuneOutcome(tight, None).as_dict()))["kept_default"] is False
     assert all(fuse(q.candidates, balanced, 10)[0] == 5 for q in a1 + b)

@@ -62,6 +62,8 @@ def auto_tune(settings: Settings, conn: psycopg.Connection, searcher: Searcher, 
     outcome = tune_fusion(settings, conn, searcher, sets, generation, folds=folds)
     searcher.forget_fusion()
     r = outcome.result
-    log.info("fusion tuned on %s: %s (held-out objective %.4f, default %.4f)", ", ".join(outcome.goldsets),
-             r.best.label(), r.held_out["objective"], r.default_scores["objective"])
+    log.info("fusion tuned on %s: %s (held-out objective %.4f, default %.4f; held-out gain %+.4f, standard "
+             "error %.4f%s)", ", ".join(outcome.goldsets), r.best.label(), r.held_out["objective"],
+             r.default_scores["objective"], r.held_out_gain, r.gain_se,
+             ": within one standard error, the default is kept" if r.kept_default else "")
     return outcome
