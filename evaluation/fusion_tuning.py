@@ -76,6 +76,9 @@ class TuneResult:
     held_out_gain: float = 0.0
     gain_se: float = 0.0
     kept_default: bool = False        # the refit on all questions differed, but the gain was within one SE
+    # never_below: where the default falls furthest below a channel ("<set>: <metric> <score> < <channel>
+    # <score>"), the reason a fit is adopted whatever its gain; "" when it does not
+    default_below: str = ""
 
 
 def _effective(f: Fusion, present: set[str]) -> Fusion:
@@ -244,6 +247,19 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
             worst = np.maximum(worst, (best[None, :] - per).max(axis=1))
         return worst
 
+    def below(i: int) -> str:
+        """Where point i falls furthest below the best channel on a group of all questions ("" if nowhere)."""
+        worst, where = _TIE, ""
+        for g in np.unique(group):
+            m = group == g
+            per, chan = rm[i, m, :].mean(axis=0), bar[:, m, :].mean(axis=1)  # (2,), (channels, 2)
+            for k, metric in enumerate(("recall@10", "mrr@10")):
+                c = int(chan[:, k].argmax())
+                if chan[c, k] - per[k] > worst:
+                    worst = float(chan[c, k] - per[k])
+                    where = f"{g or 'all'}: {metric} {per[k]:.4f} < {searched[c]} {chan[c, k]:.4f}"
+        return where
+
     def pick(mask: np.ndarray) -> int:
         means = obj[:, mask].mean(axis=1)
         eligible = np.ones(len(fusions), bool)
@@ -279,7 +295,8 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     mean_gain = float(gain.mean())
     se = float(gain.std(ddof=1) / np.sqrt(len(qs))) if len(qs) > 1 else 0.0
     # bool(): numpy's comparisons give np.bool_, which the JSON report and the stored record cannot hold
-    kept = bool(best != 0 and mean_gain <= se + _TIE and (not never_below or shortfall(every)[0] <= _TIE))
+    default_below = below(0) if never_below else ""
+    kept = bool(best != 0 and mean_gain <= se + _TIE and not default_below)
     if kept:
         best = 0
     return TuneResult(
@@ -287,7 +304,17 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
         held_in={m: float(np.mean([p["held_in"][m] for p in per_fold])) for m in REPORTED},
         held_out={m: float(np.mean([p["held_out"][m] for p in per_fold])) for m in REPORTED},
         default_scores=mean(0, every), per_fold=per_fold, grid_size=len(fusions),
-        changed=_key(fusions[best], present) != base_key, held_out_gain=mean_gain, gain_se=se, kept_default=kept)
+        changed=_key(fusions[best], present) != base_key, held_out_gain=mean_gain, gain_se=se, kept_default=kept,
+        default_below=default_below)
+
+
+def verdict(result: TuneResult) -> str:
+    """Why the fit was kept or adopted where its held-out gain alone would not decide it ("" otherwise)."""
+    if result.kept_default:
+        return "within one standard error, the default is kept"
+    if result.default_below and result.changed:
+        return f"adopted whatever the gain, as the default falls below a channel ({result.default_below})"
+    return ""
 
 
 def describe(result: TuneResult) -> str:
@@ -302,6 +329,6 @@ def describe(result: TuneResult) -> str:
     lines += [f"default:  {result.default.label()}",
               f"chosen:   {result.best.label()}" + ("" if result.changed else "  (same as default)"),
               f"held-out gain over the default: {result.held_out_gain:+.4f} (standard error {result.gain_se:.4f})"
-              + (": within one standard error, the default is kept" if result.kept_default else ""),
+              + (f": {v}" if (v := verdict(result)) else ""),
               f"folds agreed on {'one fusion' if len(chosen) == 1 else f'{len(chosen)} different fusions'}"]
     return "\n".join(lines)

@@ -43,8 +43,8 @@ class TuneOutcome:
         out = {"best": r.best.as_dict(), "default": r.default.as_dict(), "changed": r.changed, "folds": r.folds,
                "objective": r.objective, "default_scores": r.default_scores, "held_in": r.held_in,
                "held_out": r.held_out, "held_out_gain": r.held_out_gain, "gain_se": r.gain_se,
-               "kept_default": r.kept_default, "per_goldset": self.per_set, "grid_size": r.grid_size,
-               "goldsets": self.goldsets, "stored_id": self.stored_id}
+               "kept_default": r.kept_default, "default_below": r.default_below, "per_goldset": self.per_set,
+               "grid_size": r.grid_size, "goldsets": self.goldsets, "stored_id": self.stored_id}
         if self.score_method is not None:
             s = self.score_method
             out["score_method"] = {"best": s.best.as_dict(), "held_in": s.held_in, "held_out": s.held_out}

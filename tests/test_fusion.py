@@ -178,7 +178,8 @@ def test_the_default_stays_when_tuning_gains_nothing_held_out() -> None:
     qs = random_questions(2, 40, channels=("dense", "lexical"))
     res = tune(qs, default=Fusion(), channels=CHANNELS, folds=5, seed=0, never_below=False)
     assert any(p["fusion"] != res.best.as_dict() for p in res.per_fold)  # the folds did choose other points
-    assert res.held_out_gain <= res.gain_se and res.kept_default and not res.changed
+    assert res.held_out_gain <= res.gain_se and res.kept_default and not res.changed and not res.default_below
+    assert "within one standard error, the default is kept" in describe(res)
     assert json.loads(json.dumps(TuneOutcome(res, None).as_dict()))["kept_default"] is True  # the CLI's report
     assert res.best == Fusion("rrf", {"dense": 1, "lexical": 1, "sparse": 0}, 60)  # sparse: no candidate has it
     assert "within one standard error, the default is kept" in describe(res)
@@ -249,4 +250,6 @@ def test_never_below_the_best_channel_of_each_gold_set() -> None:
     # adopted although it gains nothing held out: the default falls below set b's best channel
     assert tight.held_out_gain <= tight.gain_se and not tight.kept_default
     assert json.loads(json.dumps(TuneOutcome(tight, None).as_dict()))["kept_default"] is False
+    assert tight.default_below == "b: mrr@10 0.5000 < dense 1.0000" and tight.default_below in describe(tight)
+    assert loose.default_below == ""  # not judged without the constraint
     assert all(fuse(q.candidates, balanced, 10)[0] == 5 for q in a1 + b)

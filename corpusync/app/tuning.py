@@ -12,6 +12,7 @@ import psycopg
 
 from corpusync.app.evaluating import gold_chunks
 from corpusync.store import fusions
+from evaluation.fusion_tuning import verdict
 from schemas.eval import GoldSet
 from schemas.settings import Settings
 from tasks import tune as tune_stage
@@ -65,5 +66,5 @@ def auto_tune(settings: Settings, conn: psycopg.Connection, searcher: Searcher, 
     log.info("fusion tuned on %s: %s (held-out objective %.4f, default %.4f; held-out gain %+.4f, standard "
              "error %.4f%s)", ", ".join(outcome.goldsets), r.best.label(), r.held_out["objective"],
              r.default_scores["objective"], r.held_out_gain, r.gain_se,
-             ": within one standard error, the default is kept" if r.kept_default else "")
+             f": {v}" if (v := verdict(r)) else "")
     return outcome
