@@ -294,8 +294,8 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
     # sample is not stored. Not where the default falls below a gold set's best channel: the rule above wins.
     mean_gain = float(gain.mean())
     se = float(gain.std(ddof=1) / np.sqrt(len(qs))) if len(qs) > 1 else 0.0
-    # bool(): numpy's comparisons give np.bool_, which the JSON report and the stored record cannot hold
     default_below = below(0) if never_below else ""
+    # bool(): numpy's comparisons give np.bool_, which the JSON report and the stored record cannot hold
     kept = bool(best != 0 and mean_gain <= se + _TIE and not default_below)
     if kept:
         best = 0
