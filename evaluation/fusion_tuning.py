@@ -5,7 +5,7 @@ scores one grid point for all questions at once, the never-below-a-channel rule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -236,28 +236,30 @@ def tune(questions: Sequence[QuestionCandidates], *, default: Fusion, channels: 
         return (_key(f, present) != base_key, len(f.active()), round(rel_sum, 12), f.method != base.method,
                 abs(f.rrf_k - base.rrf_k) if f.method == "rrf" else 0.0, i)
 
+    def by_group(mask: np.ndarray) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per group of the masked questions: every point's mean (R@10, MRR@10), shape (points, 2), the best
+        channel's (2,) and which channel that is (2,)."""
+        for g in np.unique(group[mask]):
+            m = mask & (group == g)
+            chan = bar[:, m, :].mean(axis=1)  # (channels, 2)
+            yield str(g), rm[:, m, :].mean(axis=1), chan.max(axis=0), chan.argmax(axis=0)
+
     def shortfall(mask: np.ndarray) -> np.ndarray:
         """Per point: the largest amount by which it falls below the best channel (R@10 or MRR@10) on any
         group of the masked questions (<= 0: never below)."""
         worst = np.full(len(fusions), -np.inf)
-        for g in np.unique(group[mask]):
-            m = mask & (group == g)
-            per = rm[:, m, :].mean(axis=1)  # (points, 2)
-            best = bar[:, m, :].mean(axis=1).max(axis=0)  # (2,)
+        for _, per, best, _ in by_group(mask):
             worst = np.maximum(worst, (best[None, :] - per).max(axis=1))
         return worst
 
     def below(i: int) -> str:
         """Where point i falls furthest below the best channel on a group of all questions ("" if nowhere)."""
         worst, where = _TIE, ""
-        for g in np.unique(group):
-            m = group == g
-            per, chan = rm[i, m, :].mean(axis=0), bar[:, m, :].mean(axis=1)  # (2,), (channels, 2)
+        for g, per, best, which in by_group(np.ones(len(qs), bool)):
             for k, metric in enumerate(("recall@10", "mrr@10")):
-                c = int(chan[:, k].argmax())
-                if chan[c, k] - per[k] > worst:
-                    worst = float(chan[c, k] - per[k])
-                    where = f"{g or 'all'}: {metric} {per[k]:.4f} < {searched[c]} {chan[c, k]:.4f}"
+                if best[k] - per[i, k] > worst:
+                    worst = float(best[k] - per[i, k])
+                    where = f"{g or 'all'}: {metric} {per[i, k]:.4f} < {searched[which[k]]} {best[k]:.4f}"
         return where
 
     def pick(mask: np.ndarray) -> int:
