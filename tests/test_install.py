@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -124,7 +125,8 @@ def test_cpu_torch_from_the_cpu_index_when_it_answers(tmp_path: Path) -> None:
         server.shutdown()
     assert _torch_line(proc.stdout).endswith(f"--index-url {index} torch")
     assert FALLBACK not in proc.stderr
-    assert proc.stdout.splitlines()[-1].endswith(f"-e {REPO}[eval]")
+    *_, project, compile_all = proc.stdout.splitlines()
+    assert project.endswith(f"-e {REPO}[eval]") and "compileall" in compile_all  # then all of it to bytecode
 
 
 def test_cpu_torch_falls_back_with_a_message_when_the_index_is_unreachable() -> None:
@@ -214,16 +216,17 @@ def test_bge_m3_is_the_default_and_commands_without_a_model_still_run(tmp_path: 
 def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """A fresh virtualenv with the Dockerfile's install line run in it as the Dockerfile runs it (WORKDIR = the
     checkout, `python` = the venv's). Faster than the image: pip's and uv's caches are kept (the image turns
-    them off for size only) and no bytecode is compiled. Removed afterwards (3 GB)."""
+    them off for size only) and no bytecode is compiled (test_make_install_compiles_bytecode checks that
+    install.sh does, on the suite's own environment). Removed afterwards (3 GB)."""
     info = dockerfile()
     venv = tmp_path_factory.mktemp("image") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     argv = [interpolate(a, info["args"]) for a in info["install"]]
     env = {**os.environ, **info["env_before"], "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
            "VIRTUAL_ENV": str(venv)}
-    for image_only in ("PIP_NO_CACHE_DIR", "UV_NO_CACHE", "UV_COMPILE_BYTECODE"):
+    for image_only in ("PIP_NO_CACHE_DIR", "UV_NO_CACHE"):
         env.pop(image_only)
-    env["PIP_NO_COMPILE"] = "1"
+    env |= {"UV_COMPILE_BYTECODE": "0", "PIP_NO_COMPILE": "1"}  # 160 s of the suite's wall time on 2 cores
     started = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     log = proc.stdout + proc.stderr
@@ -250,6 +253,19 @@ def test_image_install_has_everything_the_pipeline_imports(image_venv: tuple[Pat
     assert ("+cpu" in version and cuda == "None") or FALLBACK in log, (version, cuda, log[-2000:])
     dev = subprocess.run([py, "-c", "import pytest"], capture_output=True, timeout=60)
     assert dev.returncode != 0  # the image's extras are the runtime's (eval), not the developers'
+
+
+@pytest.mark.skipif(Path(sys.prefix).resolve() != (REPO / ".venv").resolve()
+                    or not (REPO / ".venv" / ".installed").is_file(), reason="not the environment `make install` made")
+def test_make_install_compiles_bytecode() -> None:
+    """Where Python may not write __pycache__ (PYTHONDONTWRITEBYTECODE=1, a read-only install) it compiles each
+    module without bytecode at every import, in every process: install.sh compiles them all at install."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    tag = sys.implementation.cache_tag
+    for where in [site / "great_expectations", site / "prefect", site / "transformers", site / "unstructured"]:
+        sources = list(where.rglob("*.py"))
+        missing = [p for p in sources if not (p.parent / "__pycache__" / f"{p.stem}.{tag}.pyc").is_file()]
+        assert sources and not missing, f"{len(missing)} of {len(sources)} modules not compiled: {missing[:3]}"
 
 
 def _free_port() -> int:
