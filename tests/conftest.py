@@ -3,8 +3,10 @@ from a migrated template), one Prefect test harness, the real packaged MiniLM mo
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -27,6 +29,13 @@ os.environ.setdefault("CORPUSYNC_MODEL_LINGER_S", "0")
 # every refresh of the suite. Pools of several workers: tests/test_parse_pool.py, and the fault campaign's
 # main-pid kill and hostile corpus (bench/faults.py's default_pool()).
 os.environ.setdefault("CORPUSYNC_PARSE_WORKERS", "1")
+# The suite's own Prefect home, one per pytest process and removed as it exits: flow results, a CLI command's local
+# API database and its state stay out of the developer's ~/.prefect (1,638 result files after a few suite runs),
+# and on a machine without one the workers do not race to migrate it. Its database is a copy of the session's
+# migrated one (`prefect_db`, below), so a command's local API starts without migrating.
+PREFECT_HOME = Path(tempfile.mkdtemp(prefix="corpusync-tests-prefect-"))
+os.environ["PREFECT_HOME"] = str(PREFECT_HOME)
+atexit.register(shutil.rmtree, PREFECT_HOME, True)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "examples" / "sample-corpus"
@@ -135,6 +144,17 @@ def prefect_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.getbasetemp()
     return migrated_prefect_db((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "prefect-db")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_home_database(request: pytest.FixtureRequest) -> None:
+    """The suite's PREFECT_HOME gets its migrated database before any test runs, in a session that runs flows
+    (unit tests alone do not wait for the database to be made)."""
+    if not any(item.get_closest_marker("flow") for item in request.session.items):
+        return
+    from tests.servers import PREFECT_DB, seed_prefect_db
+
+    seed_prefect_db(request.getfixturevalue("prefect_db"), PREFECT_HOME / PREFECT_DB)
 
 
 @pytest.fixture(scope="session")
