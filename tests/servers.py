@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,8 @@ def seed_prefect_db(template: Path, dest: Path) -> Path:
     starts on it finds it at head and migrates nothing. SQLite's backup API, so the copy is whole whatever the
     template's journal holds."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(template) as src, sqlite3.connect(dest) as out:
+    with closing(sqlite3.connect(template)) as src, closing(sqlite3.connect(dest)) as out:
         src.backup(out)
-    src.close()
-    out.close()
     return dest
 
 
