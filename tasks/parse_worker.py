@@ -15,6 +15,13 @@ deadline of PARSE_AT_ONCE_PAGES pages: a document within that many pages (most) 
 one comes back with its count and is parsed under its own deadline (a separate count before every parse cost
 a text-PDF pass 8%, bench/parse_pool.py). Other files count 0 pages (their parse time does not follow a page
 count that can be read cheaply).
+
+pebble's word on which document killed a worker is not final: its manager thread can see a dead worker
+before its message thread reads that the worker had finished one document and taken the next, so it blames
+the finished one and leaves the next 'running' on the dead worker until its deadline (pebble issue #153). So
+a death discards the pool (which also frees such an orphan), puts the documents in flight back in the queue,
+and parses the document pebble blamed alone, in a process of its own (tasks/parse_alone.py), whose verdict is
+certain. A document in flight when the pool broke POOL_BREAKS_PER_FILE times is parsed alone too.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import shutil
 import signal
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +49,7 @@ from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
+from tasks.parse_alone import AloneRuns
 from tasks.parse_in_worker import ParseFn, init_worker, parse_one
 from tasks.parse_warmup import new_warm_dir
 
@@ -59,7 +67,7 @@ MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of
 # deadline (at most that much more than its own: parse_timeout_per_page_s x this).
 PARSE_AT_ONCE_PAGES = 16
 STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task
-POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is reported 'crashed'
+POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is parsed alone
 PAGED = (".pdf", ".tif", ".tiff")
 UNSTRUCTURED = (".md", ".markdown", ".html", ".htm", ".docx", ".pptx", ".xlsx", ".doc", ".ppt", ".xls")
 
@@ -85,6 +93,7 @@ class _Job:
     probing: bool = False  # in flight as count-and-parse: may come back with its page count
     arrival: float = math.inf  # when its result came back, in order (not yet: last)
     breaks: int = 0
+    alone: bool = False  # in flight in a process of its own (tasks/parse_alone.py), not in the pool
 
 
 def _arrived(job: _Job, order: Iterator[int], _: Future[Any]) -> None:
@@ -96,7 +105,7 @@ class ParsePool:
     """`parse_many(sources)` yields (source, ParsedDocument | ParseError) for every source: ParseError
     'crashed' (with the signal), 'timeout', 'out-of-memory' or the parser's own. `parse(src)` does one.
     `memory_limit_problem`: why the memory limit could not be applied (None: it was, or none was asked).
-    `restarts`: workers replaced after a crash or a timeout."""
+    `restarts`: pools discarded after a crash (or a break), workers replaced after a timeout."""
 
     def __init__(self, options: ParseOptions, *, workers: int | None = None, timeout_s: float = 600.0,
                  timeout_per_page_s: float = 0.0, memory_mb: int = 8192, parse: ParseFn = parse_document,
@@ -116,6 +125,7 @@ class ParsePool:
                            if suffixes is None or suffixes & set(exts))
         self._pool: ProcessPool | None = None
         self._warm_dir: str | None = None
+        self._alone: tuple[ThreadPoolExecutor, AloneRuns, str] | None = None  # runs, their warm-up folder
         self.restarts = 0
         self.memory_limit_problem: str | None = None
 
@@ -124,10 +134,24 @@ class ParsePool:
         if self._pool is None:
             self._warm_dir = new_warm_dir()
             self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=init_worker,
-                                     initargs=(self.options, self.memory_mb, self.parse_fn, self._warm,
-                                               os.getpid(), self._warm_dir),
+                                     initargs=self._initargs(self._warm_dir),
                                      context=mp.get_context("spawn"))  # never fork a process with threads
         return self._pool
+
+    def _initargs(self, warm_dir: str) -> tuple[Any, ...]:
+        """init_worker's arguments, for a pool worker or a process parsing one document alone."""
+        return self.options, self.memory_mb, self.parse_fn, self._warm, os.getpid(), warm_dir
+
+    def _schedule_alone(self, job: _Job) -> Future[Any]:
+        """Parse the document in a process of its own, under the deadline it had in the pool; a thread waits
+        on the process, so the pool goes on meanwhile."""
+        if self._alone is None:
+            self._alone = (ThreadPoolExecutor(self.workers, thread_name_prefix="corpusync-parse-alone"),
+                           AloneRuns(), new_warm_dir())
+        runner, runs, warm_dir = self._alone
+        job.alone = True
+        at_most = PARSE_AT_ONCE_PAGES if job.probing else None
+        return runner.submit(runs.parse, job.src, at_most, job.deadline, self._initargs(warm_dir))
 
     def _discard_pool(self) -> None:
         if self._pool is not None:
@@ -141,6 +165,7 @@ class ParsePool:
     def _schedule(self, job: _Job) -> Future[Any]:
         """Parse the document; where its deadline depends on its pages and they are not counted yet, count
         them in the same task and parse at once within PARSE_AT_ONCE_PAGES pages."""
+        job.alone = False
         job.probing = (not job.counted and self.timeout_per_page_s > 0
                        and Path(job.src.path).suffix.lower() in PAGED)
         job.counted = True
@@ -168,27 +193,37 @@ class ParsePool:
         finished: dict[int, tuple[SourceFile, Result]] = {}
         arrivals = itertools.count()  # wait() returns a set: yield what it returns in the order it came back
         next_out = 0
+
+        def track(future: Future[Any], job: _Job) -> None:
+            future.add_done_callback(partial(_arrived, job, arrivals))
+            pending[future] = job
+
         try:
             while queue or pending:
                 while queue and len(pending) < 4 * self.workers:
                     job = queue.popleft()
-                    future = self._schedule(job)
-                    future.add_done_callback(partial(_arrived, job, arrivals))
-                    pending[future] = job
-                limit = max(max(j.deadline for j in pending.values()) + STALL_GRACE_S, 1.0)
+                    track(self._schedule(job), job)
+                in_pool = [j.deadline for j in pending.values() if not j.alone]  # alone: their own deadlines
+                limit = max(max(in_pool) + STALL_GRACE_S, 1.0) if in_pool else None
                 done, _ = wait(pending, timeout=limit, return_when=FIRST_COMPLETED)
-                if not done or any(isinstance(f.exception(), BrokenProcessPool) for f in done):
-                    why = "the worker pool broke" if done else f"no document finished in {limit:g} s"
-                    for job in self._requeue(pending, queue, why):
-                        finished[job.index] = (job.src, ParseError(job.src.path, "crashed", (
-                            f"{why} {job.breaks} times while this file was being parsed")))
-                for future in sorted(done & pending.keys(), key=lambda f: pending[f].arrival):
+                blamed: list[_Job] = []
+                broke: list[_Job] = []
+                for future in sorted(done, key=lambda f: pending[f].arrival):
                     job = pending.pop(future)
+                    exc = future.exception()
+                    if not job.alone and isinstance(exc, (ProcessExpired, BrokenProcessPool)):
+                        (blamed if isinstance(exc, ProcessExpired) else broke).append(job)
+                        continue
                     outcome = self._outcome(job, future)
                     if outcome is None:
                         queue.appendleft(job)  # counted: now the parse itself
                     else:
                         finished[job.index] = (job.src, outcome)
+                if blamed or broke or not done:
+                    why = ("a parser process died" if blamed else "the worker pool broke" if broke else
+                           f"no document finished in {limit:g} s")
+                    for job in self._requeue(pending, queue, why, blamed, broke):
+                        track(self._schedule_alone(job), job)
                 if ordered:
                     while next_out in finished:
                         yield finished.pop(next_out)
@@ -200,22 +235,29 @@ class ParsePool:
             for future in pending:
                 future.cancel()
 
-    def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str) -> list[_Job]:
-        """A broken (or stalled) pool: a fresh one, and every document in flight again, once it has not been
-        in flight POOL_BREAKS_PER_FILE times. Returns those that have."""
-        log.warning("parse pool: %s; %d document(s) in flight are parsed again in a fresh pool", why, len(pending))
+    def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str, blamed: list[_Job],
+                 broke: list[_Job]) -> list[_Job]:
+        """A worker died, or the pool broke or stalled: a fresh pool (discarding this one also ends a task
+        pebble left running on a dead worker), and the documents that were in it back in the queue. Returns
+        those to parse alone: the ones pebble blamed for a death, and any in flight when the pool broke (or
+        stalled) for the POOL_BREAKS_PER_FILE-th time."""
+        in_pool = list(broke)
+        for future, job in list(pending.items()):
+            if not job.alone:
+                in_pool.append(pending.pop(future))
+        log.warning("parse pool: %s; %d document(s) in flight are parsed again in a fresh pool%s", why,
+                    len(in_pool), f", {len(blamed)} of them alone" if blamed else "")
         self._discard_pool()
         self.restarts += 1
-        given_up = []
-        for job in sorted(pending.values(), key=lambda j: -j.index):
-            job.breaks += 1
+        alone = list(blamed)
+        for job in sorted(in_pool, key=lambda j: -j.index):
+            job.breaks += 0 if blamed and not broke else 1  # a death is settled by the blamed one's verdict
             if job.breaks >= POOL_BREAKS_PER_FILE:
-                given_up.append(job)
+                alone.append(job)
             else:
                 job.counted = job.counted and not job.probing
                 queue.appendleft(job)
-        pending.clear()
-        return given_up
+        return alone
 
     def _outcome(self, job: _Job, future: Future[Any]) -> Result | None:
         """The document's result, or None when it came back with its page count (the parse comes next)."""
@@ -231,8 +273,8 @@ class ParsePool:
                 doc: ParsedDocument = pickle.loads(value[1])  # our own worker's bytes
                 return doc
             return ParseError(path, value[1], value[2])
-        if isinstance(exc, (TimeoutError, ProcessExpired)):
-            self.restarts += 1
+        if isinstance(exc, TimeoutError) and not job.alone:
+            self.restarts += 1  # pebble replaced the worker
         if isinstance(exc, TimeoutError):
             pages = (f" ({self.timeout_s:g} s + {job.pages} pages x {self.timeout_per_page_s:g} s)" if job.pages else
                      f" ({self.timeout_s:g} s + {PARSE_AT_ONCE_PAGES} pages x {self.timeout_per_page_s:g} s, the "
@@ -262,6 +304,12 @@ class ParsePool:
 
     def close(self) -> None:
         self._discard_pool()
+        if self._alone is not None:
+            runner, runs, warm_dir = self._alone
+            runs.close()
+            runner.shutdown(wait=True)
+            shutil.rmtree(warm_dir, ignore_errors=True)
+            self._alone = None
 
     def __enter__(self) -> ParsePool:
         return self

@@ -5,9 +5,11 @@ documents replaced. The parse functions below are module level: they travel to t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
@@ -194,6 +196,64 @@ def test_a_pool_that_broke_between_documents_is_replaced(tmp_path: Path) -> None
         assert pool.parse(die).blocks
         time.sleep(1.5)  # the idle worker is killed: pebble declares its pool broken
         assert [outcome(r) for _, r in pool.parse_many([good, good])] == ["ok", "ok"]
+
+
+def test_a_crash_pebble_blames_on_the_wrong_document_costs_only_the_crasher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pebble's message thread, stalled here after each start (as a busy machine stalls it), reads that the one
+    worker finished 'a.txt' and took the next only after its manager thread saw it die on 'crash.txt': pebble blames
+    'a.txt' and leaves 'crash.txt' running on the dead worker until its deadline. Seen in CI: a good document
+    quarantined as 'crashed', the crasher as 'timeout' 600 s later. Each suspect is parsed alone instead."""
+    from pebble.pool import process
+
+    blamed: list[str] = []
+    task_start = process.TaskManager.task_start
+    expire = process.PoolManager.handle_worker_expiration
+
+    def slow_after_start(self: process.TaskManager, task_id: int, worker_id: int | None) -> None:
+        task_start(self, task_id, worker_id)
+        time.sleep(1.0)  # the message thread, busy: the worker finishes this one and takes the next meanwhile
+
+    def noting_blame(self: process.PoolManager, expiration: tuple[int, int]) -> None:
+        with contextlib.suppress(LookupError):  # what pebble is about to blame
+            blamed.append(next(iter(self.find_expired_task(expiration[0]).payload.args)).path)
+        expire(self, expiration)
+
+    monkeypatch.setattr(process.TaskManager, "task_start", slow_after_start)
+    monkeypatch.setattr(process.PoolManager, "handle_worker_expiration", noting_blame)
+    sources = [text_file(tmp_path / f"{name}.txt", f"Text of {name}.") for name in ("a", "b", "crash", "c")]
+    with ParsePool(ParseOptions(), workers=1, timeout_s=120, memory_mb=2048, parse=crashing_parser,
+                   warm_for=TXT) as pool:
+        results = {src.path: result for src, result in pool.parse_many(sources, largest_first=False)}
+    assert {path: outcome(r) for path, r in results.items()} == {
+        "a.txt": "ok", "b.txt": "ok", "crash.txt": "crashed", "c.txt": "ok"}
+    crash = results["crash.txt"]
+    assert isinstance(crash, ParseError) and "SIGSEGV" in crash.detail
+    assert blamed[0] == "a.txt"  # the race did happen: pebble blamed an innocent document
+
+
+def test_a_document_parsed_alone_gets_a_certain_verdict(tmp_path: Path) -> None:
+    """The process of its own (tasks/parse_alone.py): the crash with its signal, the hang stopped at its
+    deadline, and the clock started once the process warmed up (a Markdown file within 2 s after ~3 s of
+    imports), the way a pool worker's is."""
+    from pebble import ProcessExpired
+
+    from tasks.parse_alone import AloneRuns
+
+    runs = AloneRuns()
+    initargs = (ParseOptions(), 2048, crashing_parser, ("md",), os.getpid(), str(tmp_path / "warm"))
+    note = text_file(tmp_path / "note.md", "# Note\n\nA short note.\n")
+    problem, (status, doc) = runs.parse(note, None, 2.0, initargs)
+    assert problem is None and status == "ok"
+    assert [b.text for b in pickle.loads(doc).blocks] == ["Note", "A short note."]
+    with pytest.raises(ProcessExpired) as crashed:
+        runs.parse(text_file(tmp_path / "crash.txt", "x"), None, 30.0, initargs)
+    assert crashed.value.exitcode == -signal.SIGSEGV
+    with pytest.raises(TimeoutError):
+        runs.parse(text_file(tmp_path / "hang.txt", "x"), None, 2.0, initargs)
+    runs.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        runs.parse(note, None, 2.0, initargs)
 
 
 def test_a_pool_removes_the_warm_up_folders_of_refreshes_that_were_killed(tmp_path: Path,
