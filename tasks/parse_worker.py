@@ -21,11 +21,14 @@ before its message thread reads that the worker had finished one document and ta
 the finished one and leaves the next 'running' on the dead worker until its deadline (pebble issue #153). So
 a death discards the pool (which also frees such an orphan), puts the documents in flight back in the queue,
 and parses the document pebble blamed alone, in a process of its own (tasks/parse_alone.py), whose verdict is
-certain. A document in flight when the pool broke POOL_BREAKS_PER_FILE times is parsed alone too.
+certain. When the message thread is further behind, pebble finds no document on the dead worker and says
+nothing (the death is silent): WatchedPool hears of every death, so a silent one discards the pool as a break
+does. A document in flight when the pool broke POOL_BREAKS_PER_FILE times is parsed alone too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -36,7 +39,7 @@ import shutil
 import signal
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import partial
@@ -96,6 +99,33 @@ class _Job:
     alone: bool = False  # in flight in a process of its own (tasks/parse_alone.py), not in the pool
 
 
+class WatchedPool(ProcessPool):
+    """pebble's ProcessPool whose `died` future completes when a worker dies unexpectedly (not stopped on a
+    timeout, not recycled), whether or not pebble blamed the death on a document. The hook wraps the pool
+    manager's handle_worker_expiration, where pebble handles such a death; `watched` is False (and deaths
+    only show through the futures pebble fails) should a pebble release no longer have it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.died: Future[None] = Future()
+        manager = getattr(self, "_pool_manager", None)
+        handle = getattr(manager, "handle_worker_expiration", None)
+        self.watched = handle is not None
+        if handle is None:
+            log.warning("parse pool: this pebble release has no PoolManager.handle_worker_expiration; a worker "
+                        "death pebble blames on no document is found only at its document's deadline")
+            return
+
+        def expired(expiration: tuple[int, int]) -> None:
+            try:
+                handle(expiration)  # fails the document pebble blames, if it finds one, first
+            finally:
+                with contextlib.suppress(InvalidStateError):
+                    self.died.set_result(None)
+
+        manager.handle_worker_expiration = expired  # type: ignore[union-attr]
+
+
 def _arrived(job: _Job, order: Iterator[int], _: Future[Any]) -> None:
     """A future's done-callback: the job's place in the order results came back in."""
     job.arrival = next(order)
@@ -123,17 +153,17 @@ class ParsePool:
         suffixes = None if warm_for is None else {Path(p).suffix.lower() or p for p in warm_for}
         self._warm = tuple(kind for kind, exts in (("pdf", PAGED[:1]), ("md", UNSTRUCTURED))
                            if suffixes is None or suffixes & set(exts))
-        self._pool: ProcessPool | None = None
+        self._pool: WatchedPool | None = None
         self._warm_dir: str | None = None
         self._alone: tuple[ThreadPoolExecutor, AloneRuns, str] | None = None  # runs, their warm-up folder
         self.restarts = 0
         self.memory_limit_problem: str | None = None
 
     # -- the pool --
-    def _running_pool(self) -> ProcessPool:
+    def _running_pool(self) -> WatchedPool:
         if self._pool is None:
             self._warm_dir = new_warm_dir()
-            self._pool = ProcessPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=init_worker,
+            self._pool = WatchedPool(max_workers=self.workers, max_tasks=self.max_tasks, initializer=init_worker,
                                      initargs=self._initargs(self._warm_dir),
                                      context=mp.get_context("spawn"))  # never fork a process with threads
         return self._pool
@@ -198,6 +228,8 @@ class ParsePool:
             future.add_done_callback(partial(_arrived, job, arrivals))
             pending[future] = job
 
+        if self._pool is not None and self._pool.died.done():  # a worker died since the last call: start afresh
+            self._discard_pool()
         try:
             while queue or pending:
                 while queue and len(pending) < 4 * self.workers:
@@ -205,7 +237,10 @@ class ParsePool:
                     track(self._schedule(job), job)
                 in_pool = [j.deadline for j in pending.values() if not j.alone]  # alone: their own deadlines
                 limit = max(max(in_pool) + STALL_GRACE_S, 1.0) if in_pool else None
-                done, _ = wait(pending, timeout=limit, return_when=FIRST_COMPLETED)
+                died = self._pool.died if self._pool is not None and in_pool else Future()
+                wait([*pending, died], timeout=limit, return_when=FIRST_COMPLETED)
+                # every result in by now: pebble fails the document it blames before `died` completes
+                done = {future for future in pending if future.done()}
                 blamed: list[_Job] = []
                 broke: list[_Job] = []
                 for future in sorted(done, key=lambda f: pending[f].arrival):
@@ -219,10 +254,10 @@ class ParsePool:
                         queue.appendleft(job)  # counted: now the parse itself
                     else:
                         finished[job.index] = (job.src, outcome)
-                if blamed or broke or not done:
-                    why = ("a parser process died" if blamed else "the worker pool broke" if broke else
-                           f"no document finished in {limit:g} s")
-                    for job in self._requeue(pending, queue, why, blamed, broke):
+                if blamed or broke or died.done() or not done:
+                    why = ("a parser process died" if blamed or died.done() else "the worker pool broke" if broke
+                           else f"no document finished in {limit:g} s")
+                    for job in self._requeue(pending, queue, why, blamed, broke, counts=bool(broke) or not blamed):
                         track(self._schedule_alone(job), job)
                 if ordered:
                     while next_out in finished:
@@ -236,11 +271,11 @@ class ParsePool:
                 future.cancel()
 
     def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str, blamed: list[_Job],
-                 broke: list[_Job]) -> list[_Job]:
+                 broke: list[_Job], *, counts: bool) -> list[_Job]:
         """A worker died, or the pool broke or stalled: a fresh pool (discarding this one also ends a task
         pebble left running on a dead worker), and the documents that were in it back in the queue. Returns
-        those to parse alone: the ones pebble blamed for a death, and any in flight when the pool broke (or
-        stalled) for the POOL_BREAKS_PER_FILE-th time."""
+        those to parse alone: the ones pebble blamed for a death, and any in flight when the pool broke (a
+        death nobody was blamed for, a stall: `counts`) for the POOL_BREAKS_PER_FILE-th time."""
         in_pool = list(broke)
         for future, job in list(pending.items()):
             if not job.alone:
@@ -251,7 +286,7 @@ class ParsePool:
         self.restarts += 1
         alone = list(blamed)
         for job in sorted(in_pool, key=lambda j: -j.index):
-            job.breaks += 0 if blamed and not broke else 1  # a death is settled by the blamed one's verdict
+            job.breaks += counts  # a death pebble blamed is settled by the blamed one's verdict
             if job.breaks >= POOL_BREAKS_PER_FILE:
                 alone.append(job)
             else:

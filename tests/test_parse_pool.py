@@ -232,6 +232,50 @@ def test_a_crash_pebble_blames_on_the_wrong_document_costs_only_the_crasher(
     assert blamed[0] == "a.txt"  # the race did happen: pebble blamed an innocent document
 
 
+def slow_or_crashing(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    """'slow-*' takes 4 s (a document running on the other worker meanwhile); else crashing_parser."""
+    if "slow" in src.path:
+        time.sleep(4)
+    return crashing_parser(src, options)
+
+
+def test_a_death_pebble_blames_on_no_document_costs_only_the_crasher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the message thread further behind (stalled after each result here), pebble has already read that
+    the dying worker finished 'a.txt' but not that it took 'crash.txt': it finds no document on the dead
+    worker, says nothing, and 'crash.txt' waits out its deadline on a worker that is gone. The pool hears of
+    the death anyway (WatchedPool) and treats it as a break."""
+    from pebble.pool import process
+
+    silent: list[int] = []
+    task_done = process.TaskManager.task_done
+    find = process.PoolManager.find_expired_task
+
+    def slow_after_result(self: process.TaskManager, task_id: int, result: object) -> None:
+        task_done(self, task_id, result)
+        time.sleep(1.0)
+
+    def noting_silence(self: process.PoolManager, worker_id: int) -> object:
+        try:
+            return find(self, worker_id)
+        except LookupError:
+            silent.append(worker_id)
+            raise
+
+    monkeypatch.setattr(process.TaskManager, "task_done", slow_after_result)
+    monkeypatch.setattr(process.PoolManager, "find_expired_task", noting_silence)
+    sources = [text_file(tmp_path / f"{name}.txt", f"Text of {name}.") for name in ("slow", "a", "crash", "b")]
+    with ParsePool(ParseOptions(), workers=2, timeout_s=120, memory_mb=2048, parse=slow_or_crashing,
+                   warm_for=TXT) as pool:
+        assert pool._running_pool().watched
+        results = {src.path: result for src, result in pool.parse_many(sources, largest_first=False)}
+    assert {path: outcome(r) for path, r in results.items()} == {
+        "slow.txt": "ok", "a.txt": "ok", "crash.txt": "crashed", "b.txt": "ok"}
+    crash = results["crash.txt"]
+    assert isinstance(crash, ParseError) and "SIGSEGV" in crash.detail
+    assert silent  # the race did happen: a death pebble blamed on no document
+
+
 def test_a_document_parsed_alone_gets_a_certain_verdict(tmp_path: Path) -> None:
     """The process of its own (tasks/parse_alone.py): the crash with its signal, the hang stopped at its
     deadline, and the clock started once the process warmed up (a Markdown file within 2 s after ~3 s of
