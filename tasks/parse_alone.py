@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -34,12 +35,28 @@ def _alone(conn: Connection, initargs: tuple[Any, ...], src: SourceFile, pages_a
 
 
 class AloneRuns:
-    """Runs parse_alone calls and stops the processes still running when the pool closes."""
+    """Parses documents alone (`submit`: in a daemon thread, so the caller goes on, and a run still going
+    does not hold up the interpreter's exit) and stops the processes still running when the pool closes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: set[Any] = set()
         self._closed = False
+
+    def submit(self, src: SourceFile, pages_at_most: int | None, deadline_s: float,
+               initargs: tuple[Any, ...]) -> Future[tuple[str | None, tuple[Any, ...]]]:
+        """`parse` in a thread of its own; its future."""
+        future: Future[tuple[str | None, tuple[Any, ...]]] = Future()
+        future.set_running_or_notify_cancel()
+
+        def run() -> None:
+            try:
+                future.set_result(self.parse(src, pages_at_most, deadline_s, initargs))
+            except BaseException as exc:  # the caller's to judge, as with a pebble future
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="corpusync-parse-alone", daemon=True).start()
+        return future
 
     def parse(self, src: SourceFile, pages_at_most: int | None, deadline_s: float,
               initargs: tuple[Any, ...]) -> tuple[str | None, tuple[Any, ...]]:
@@ -81,3 +98,4 @@ class AloneRuns:
         for proc in running:
             if proc.is_alive():
                 proc.kill()
+            proc.join(timeout=5)  # gone before its warm-up folder is removed

@@ -39,7 +39,7 @@ import shutil
 import signal
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import partial
@@ -155,7 +155,7 @@ class ParsePool:
                            if suffixes is None or suffixes & set(exts))
         self._pool: WatchedPool | None = None
         self._warm_dir: str | None = None
-        self._alone: tuple[ThreadPoolExecutor, AloneRuns, str] | None = None  # runs, their warm-up folder
+        self._alone: tuple[AloneRuns, str] | None = None  # documents parsed alone, their warm-up folder
         self.restarts = 0
         self.memory_limit_problem: str | None = None
 
@@ -176,12 +176,11 @@ class ParsePool:
         """Parse the document in a process of its own, under the deadline it had in the pool; a thread waits
         on the process, so the pool goes on meanwhile."""
         if self._alone is None:
-            self._alone = (ThreadPoolExecutor(self.workers, thread_name_prefix="corpusync-parse-alone"),
-                           AloneRuns(), new_warm_dir())
-        runner, runs, warm_dir = self._alone
+            self._alone = (AloneRuns(), new_warm_dir())
+        runs, warm_dir = self._alone
         job.alone = True
         at_most = PARSE_AT_ONCE_PAGES if job.probing else None
-        return runner.submit(runs.parse, job.src, at_most, job.deadline, self._initargs(warm_dir))
+        return runs.submit(job.src, at_most, job.deadline, self._initargs(warm_dir))
 
     def _discard_pool(self) -> None:
         if self._pool is not None:
@@ -340,9 +339,8 @@ class ParsePool:
     def close(self) -> None:
         self._discard_pool()
         if self._alone is not None:
-            runner, runs, warm_dir = self._alone
+            runs, warm_dir = self._alone
             runs.close()
-            runner.shutdown(wait=True)
             shutil.rmtree(warm_dir, ignore_errors=True)
             self._alone = None
 
