@@ -16,19 +16,16 @@ one comes back with its count and is parsed under its own deadline (a separate c
 a text-PDF pass 8%, bench/parse_pool.py). Other files count 0 pages (their parse time does not follow a page
 count that can be read cheaply).
 
-pebble's word on which document killed a worker is not final: its manager thread can see a dead worker
-before its message thread reads that the worker had finished one document and taken the next, so it blames
-the finished one and leaves the next 'running' on the dead worker until its deadline (pebble issue #153). So
-a death discards the pool (which also frees such an orphan), puts the documents in flight back in the queue,
-and parses the document pebble blamed alone, in a process of its own (tasks/parse_alone.py), whose verdict is
-certain. When the message thread is further behind, pebble finds no document on the dead worker and says
-nothing (the death is silent): WatchedPool hears of every death, so a silent one discards the pool as a break
-does. A document in flight when the pool broke POOL_BREAKS_PER_FILE times is parsed alone too.
+pebble's word on which document killed a worker is not final, and it can lose the one that did: it stays
+'running' on the dead worker until its deadline (tasks/parse_deaths.py). So the document pebble blames is
+parsed alone, in a process of its own whose verdict is certain, and so is an orphan (a document pebble has
+running on a worker it no longer has, for ORPHAN_CHECK_S). The other workers go on. A pool
+that broke or stalled is replaced, and what was in flight is parsed again; a document in flight when that
+happened POOL_BREAKS_PER_FILE times is parsed alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -37,22 +34,23 @@ import os
 import pickle
 import shutil
 import signal
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pebble import ProcessExpired, ProcessPool
+from pebble import ProcessExpired
 
 from corpusync.core.cpus import usable_cpus
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
 from tasks.parse import ParseOptions, parse_document
-from tasks.parse_alone import AloneRuns
+from tasks.parse_deaths import AloneRuns, WatchedPool
 from tasks.parse_in_worker import ParseFn, init_worker, parse_one
 from tasks.parse_warmup import new_warm_dir
 
@@ -71,6 +69,7 @@ MAX_SCALED_PAGES = 5000  # a hostile million-page PDF does not buy a deadline of
 PARSE_AT_ONCE_PAGES = 16
 STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task
 POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is parsed alone
+ORPHAN_CHECK_S = 2.0  # how often the pool looks for documents left running on a dead worker
 PAGED = (".pdf", ".tif", ".tiff")
 UNSTRUCTURED = (".md", ".markdown", ".html", ".htm", ".docx", ".pptx", ".xlsx", ".doc", ".ppt", ".xls")
 
@@ -96,34 +95,7 @@ class _Job:
     probing: bool = False  # in flight as count-and-parse: may come back with its page count
     arrival: float = math.inf  # when its result came back, in order (not yet: last)
     breaks: int = 0
-    alone: bool = False  # in flight in a process of its own (tasks/parse_alone.py), not in the pool
-
-
-class WatchedPool(ProcessPool):
-    """pebble's ProcessPool whose `died` future completes when a worker dies unexpectedly (not stopped on a
-    timeout, not recycled), whether or not pebble blamed the death on a document. The hook wraps the pool
-    manager's handle_worker_expiration, where pebble handles such a death; `watched` is False (and deaths
-    only show through the futures pebble fails) should a pebble release no longer have it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.died: Future[None] = Future()
-        manager = getattr(self, "_pool_manager", None)
-        handle = getattr(manager, "handle_worker_expiration", None)
-        self.watched = handle is not None
-        if handle is None:
-            log.warning("parse pool: this pebble release has no PoolManager.handle_worker_expiration; a worker "
-                        "death pebble blames on no document is found only at its document's deadline")
-            return
-
-        def expired(expiration: tuple[int, int]) -> None:
-            try:
-                handle(expiration)  # fails the document pebble blames, if it finds one, first
-            finally:
-                with contextlib.suppress(InvalidStateError):
-                    self.died.set_result(None)
-
-        manager.handle_worker_expiration = expired  # type: ignore[union-attr]
+    alone: bool = False  # in flight in a process of its own (tasks/parse_deaths.py), not in the pool
 
 
 def _arrived(job: _Job, order: Iterator[int], _: Future[Any]) -> None:
@@ -135,7 +107,7 @@ class ParsePool:
     """`parse_many(sources)` yields (source, ParsedDocument | ParseError) for every source: ParseError
     'crashed' (with the signal), 'timeout', 'out-of-memory' or the parser's own. `parse(src)` does one.
     `memory_limit_problem`: why the memory limit could not be applied (None: it was, or none was asked).
-    `restarts`: pools discarded after a crash (or a break), workers replaced after a timeout."""
+    `restarts`: workers replaced after a crash or a timeout, pools after a break."""
 
     def __init__(self, options: ParseOptions, *, workers: int | None = None, timeout_s: float = 600.0,
                  timeout_per_page_s: float = 0.0, memory_mb: int = 8192, parse: ParseFn = parse_document,
@@ -157,6 +129,7 @@ class ParsePool:
         self._warm_dir: str | None = None
         self._alone: tuple[AloneRuns, str] | None = None  # documents parsed alone, their warm-up folder
         self.restarts = 0
+        self._dead_workers: set[int] = set()
         self.memory_limit_problem: str | None = None
 
     # -- the pool --
@@ -222,42 +195,54 @@ class ParsePool:
         finished: dict[int, tuple[SourceFile, Result]] = {}
         arrivals = itertools.count()  # wait() returns a set: yield what it returns in the order it came back
         next_out = 0
+        orphaned: dict[Future[Any], float] = {}  # documents left running on a dead worker: since when
+        last_done = next_check = time.monotonic()
 
         def track(future: Future[Any], job: _Job) -> None:
             future.add_done_callback(partial(_arrived, job, arrivals))
             pending[future] = job
 
-        if self._pool is not None and self._pool.died.done():  # a worker died since the last call: start afresh
-            self._discard_pool()
         try:
             while queue or pending:
                 while queue and len(pending) < 4 * self.workers:
                     job = queue.popleft()
                     track(self._schedule(job), job)
                 in_pool = [j.deadline for j in pending.values() if not j.alone]  # alone: their own deadlines
-                limit = max(max(in_pool) + STALL_GRACE_S, 1.0) if in_pool else None
-                died = self._pool.died if self._pool is not None and in_pool else Future()
-                wait([*pending, died], timeout=limit, return_when=FIRST_COMPLETED)
-                # every result in by now: pebble fails the document it blames before `died` completes
+                limit = max(max(in_pool) + STALL_GRACE_S, 1.0) if in_pool else math.inf
+                wait(pending, timeout=max(min(ORPHAN_CHECK_S, last_done + limit - time.monotonic()), 0.0),
+                     return_when=FIRST_COMPLETED)
+                now = time.monotonic()
                 done = {future for future in pending if future.done()}
-                blamed: list[_Job] = []
+                last_done = now if done else last_done
+                suspects: list[_Job] = []
                 broke: list[_Job] = []
                 for future in sorted(done, key=lambda f: pending[f].arrival):
                     job = pending.pop(future)
-                    exc = future.exception()
-                    if not job.alone and isinstance(exc, (ProcessExpired, BrokenProcessPool)):
-                        (blamed if isinstance(exc, ProcessExpired) else broke).append(job)
+                    orphaned.pop(future, None)
+                    exc = CancelledError() if future.cancelled() else future.exception()
+                    if not job.alone and isinstance(exc, (ProcessExpired, CancelledError, BrokenProcessPool)):
+                        (broke if isinstance(exc, BrokenProcessPool) else suspects).append(job)
+                        if isinstance(exc, ProcessExpired):
+                            self._worker_died(exc.pid)
                         continue
                     outcome = self._outcome(job, future)
                     if outcome is None:
                         queue.appendleft(job)  # counted: now the parse itself
                     else:
                         finished[job.index] = (job.src, outcome)
-                if blamed or broke or died.done() or not done:
-                    why = ("a parser process died" if blamed or died.done() else "the worker pool broke" if broke
-                           else f"no document finished in {limit:g} s")
-                    for job in self._requeue(pending, queue, why, blamed, broke, counts=bool(broke) or not blamed):
-                        track(self._schedule_alone(job), job)
+                if suspects:
+                    log.warning("parse pool: a parser process died; parsed alone, to find which document it died "
+                                "on: %s", ", ".join(j.src.path for j in suspects))
+                if now >= next_check and not broke:
+                    self._cancel_orphans(pending, orphaned, now)
+                    next_check = now + ORPHAN_CHECK_S
+                if broke or now - last_done >= limit:
+                    why = "the worker pool broke" if broke else f"no document finished in {limit:g} s"
+                    suspects += self._requeue(pending, queue, why, broke)
+                    orphaned.clear()
+                    last_done = now
+                for job in suspects:
+                    track(self._schedule_alone(job), job)
                 if ordered:
                     while next_out in finished:
                         yield finished.pop(next_out)
@@ -269,23 +254,42 @@ class ParsePool:
             for future in pending:
                 future.cancel()
 
-    def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str, blamed: list[_Job],
-                 broke: list[_Job], *, counts: bool) -> list[_Job]:
-        """A worker died, or the pool broke or stalled: a fresh pool (discarding this one also ends a task
-        pebble left running on a dead worker), and the documents that were in it back in the queue. Returns
-        those to parse alone: the ones pebble blamed for a death, and any in flight when the pool broke (a
-        death nobody was blamed for, a stall: `counts`) for the POOL_BREAKS_PER_FILE-th time."""
+    def _cancel_orphans(self, pending: dict[Future[Any], _Job], orphaned: dict[Future[Any], float],
+                        now: float) -> None:
+        """Cancel the documents left running on a dead worker for ORPHAN_CHECK_S already (a worker that ended
+        as it should, recycled, can look like it until its last result is read): they come back cancelled,
+        to be parsed alone. `orphaned` keeps when each was first seen."""
+        current = {f: pid for f, pid in (self._pool.orphans() if self._pool is not None else {}).items()
+                   if f in pending}
+        for future in set(orphaned) - current.keys():
+            del orphaned[future]
+        for future, pid in current.items():
+            if now - orphaned.setdefault(future, now) >= ORPHAN_CHECK_S:
+                log.warning("parse pool: %s was left running on a parser process that died", pending[future].src.path)
+                self._worker_died(pid)
+                future.cancel()
+
+    def _worker_died(self, pid: int | None) -> None:
+        """Count a worker pebble replaced after it died (once, however many documents the death concerns)."""
+        if pid is None or pid not in self._dead_workers:
+            self.restarts += 1
+        if pid is not None:
+            self._dead_workers.add(pid)
+
+    def _requeue(self, pending: dict[Future[Any], _Job], queue: deque[_Job], why: str,
+                 broke: list[_Job]) -> list[_Job]:
+        """The pool broke or stalled: a fresh pool, and the documents that were in it back in the queue.
+        Returns those to parse alone: in flight when this happened for the POOL_BREAKS_PER_FILE-th time."""
         in_pool = list(broke)
         for future, job in list(pending.items()):
             if not job.alone:
                 in_pool.append(pending.pop(future))
-        log.warning("parse pool: %s; %d document(s) in flight are parsed again in a fresh pool%s", why,
-                    len(in_pool), f", {len(blamed)} of them alone" if blamed else "")
+        log.warning("parse pool: %s; %d document(s) in flight are parsed again in a fresh pool", why, len(in_pool))
         self._discard_pool()
         self.restarts += 1
-        alone = list(blamed)
+        alone = []
         for job in sorted(in_pool, key=lambda j: -j.index):
-            job.breaks += counts  # a death pebble blamed is settled by the blamed one's verdict
+            job.breaks += 1
             if job.breaks >= POOL_BREAKS_PER_FILE:
                 alone.append(job)
             else:

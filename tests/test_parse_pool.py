@@ -225,16 +225,21 @@ def test_a_crash_pebble_blames_on_the_wrong_document_costs_only_the_crasher(
     with ParsePool(ParseOptions(), workers=1, timeout_s=120, memory_mb=2048, parse=crashing_parser,
                    warm_for=TXT) as pool:
         results = {src.path: result for src, result in pool.parse_many(sources, largest_first=False)}
+        restarts = pool.restarts
     assert {path: outcome(r) for path, r in results.items()} == {
         "a.txt": "ok", "b.txt": "ok", "crash.txt": "crashed", "c.txt": "ok"}
+    assert restarts == 1  # one worker died, whatever pebble blamed it on
     crash = results["crash.txt"]
     assert isinstance(crash, ParseError) and "SIGSEGV" in crash.detail
     assert blamed[0] == "a.txt"  # the race did happen: pebble blamed an innocent document
 
 
 def slow_or_crashing(src: SourceFile, options: ParseOptions) -> ParsedDocument:
-    """'slow-*' takes 4 s (a document running on the other worker meanwhile); else crashing_parser."""
+    """'slow-*' takes 4 s (a document running on the other worker meanwhile), noting each start; else
+    crashing_parser."""
     if "slow" in src.path:
+        with src.abs_path.with_suffix(".starts").open("a") as starts:
+            starts.write("started\n")
         time.sleep(4)
     return crashing_parser(src, options)
 
@@ -243,8 +248,9 @@ def test_a_death_pebble_blames_on_no_document_costs_only_the_crasher(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the message thread further behind (stalled after each result here), pebble has already read that
     the dying worker finished 'a.txt' but not that it took 'crash.txt': it finds no document on the dead
-    worker, says nothing, and 'crash.txt' waits out its deadline on a worker that is gone. The pool hears of
-    the death anyway (WatchedPool) and treats it as a break."""
+    worker, says nothing, and 'crash.txt' waits out its deadline on a worker that is gone. The pool finds
+    the document left running on the dead worker (WatchedPool.orphans) and parses it alone; the other worker's
+    document goes on."""
     from pebble.pool import process
 
     silent: list[int] = []
@@ -269,20 +275,23 @@ def test_a_death_pebble_blames_on_no_document_costs_only_the_crasher(
                    warm_for=TXT) as pool:
         assert pool._running_pool().watched
         results = {src.path: result for src, result in pool.parse_many(sources, largest_first=False)}
+        restarts = pool.restarts
     assert {path: outcome(r) for path, r in results.items()} == {
         "slow.txt": "ok", "a.txt": "ok", "crash.txt": "crashed", "b.txt": "ok"}
     crash = results["crash.txt"]
     assert isinstance(crash, ParseError) and "SIGSEGV" in crash.detail
     assert silent  # the race did happen: a death pebble blamed on no document
+    assert (tmp_path / "slow.starts").read_text() == "started\n"  # the other worker went on: parsed once
+    assert restarts == 1  # one worker replaced
 
 
 def test_a_document_parsed_alone_gets_a_certain_verdict(tmp_path: Path) -> None:
-    """The process of its own (tasks/parse_alone.py): the crash with its signal, the hang stopped at its
+    """The process of its own (tasks/parse_deaths.py): the crash with its signal, the hang stopped at its
     deadline, and the clock started once the process warmed up (a Markdown file within 2 s after ~3 s of
     imports), the way a pool worker's is."""
     from pebble import ProcessExpired
 
-    from tasks.parse_alone import AloneRuns
+    from tasks.parse_deaths import AloneRuns
 
     runs = AloneRuns()
     initargs = (ParseOptions(), 2048, crashing_parser, ("md",), os.getpid(), str(tmp_path / "warm"))

@@ -1,29 +1,76 @@
-"""Parse one document in a process of its own, started for it alone: the verdict on a document the pool
-suspects. pebble's pool can blame a worker's death on the wrong document: its manager thread may see the
-dead worker before its message thread has read that the worker finished one document and took the next, so
-the death lands on the finished one and the next is left 'running' on a dead worker until its deadline
-(pebble issue #153). A process that is given one document and nothing else has no such doubt: if it dies
-before it answers, that document killed it, and its exit status says how.
+"""When a parse worker dies: the documents pebble loses track of, and a certain verdict on suspects.
 
-The process runs the pool's initializer (memory limit, tied to the refresh's life, warm-up) and says when it
-is ready; the document's clock starts then, as in the pool. It is multiprocessing's own Process and Pipe:
-pebble's one-shot process (pebble.concurrent.process) starts its timeout before the warm-up.
+pebble reads its workers' messages (a document taken, a result) in one thread and notices dead workers in
+another. When the message thread is behind (a busy machine), the manager thread sees a worker dead before it
+reads that the worker finished one document and took the next. It then blames the death on the finished
+document (ProcessExpired), or, if it already read that result, on no document at all; and when it reads the
+worker took the next one, that document is 'running' on a worker that is gone, until its deadline (pebble
+issue #153). So:
+
+- WatchedPool.orphans() names the documents pebble has running on a worker it no longer has;
+- a document pebble blames, and an orphan, is parsed alone (AloneRuns): in a process started for it and
+  nothing else, which, if it dies before it answers, that document killed, its exit status saying how.
+
+The other workers go on meanwhile: a death costs the documents it concerns, not the work in flight.
+A process parsing alone runs the pool's initializer (memory limit, tied to the refresh's life, warm-up) and
+says when it is ready; the document's clock starts then, as in the pool. It is multiprocessing's own Process
+and Pipe: pebble's one-shot process (pebble.concurrent.process) starts its timeout before the warm-up.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import threading
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pebble import ProcessExpired
+from pebble import ProcessExpired, ProcessPool
 
 from schemas.records import SourceFile
 from tasks.parse_in_worker import init_worker, parse_one
 
 _READY = "ready"
+
+log = logging.getLogger(__name__)
+
+
+def _snapshot(mapping: dict[Any, Any]) -> tuple[tuple[Any, Any], ...]:
+    """A dict's items, read while pebble's threads change it (as pebble reads its own)."""
+    while True:
+        try:
+            return tuple(mapping.items())
+        except RuntimeError:  # changed size while read: again
+            continue
+
+
+class WatchedPool(ProcessPool):
+    """pebble's ProcessPool that can name its orphans: the futures of documents it has running on a worker it
+    no longer has. It reads pebble's own records of its tasks and workers (PoolManager.task_manager.tasks,
+    worker_manager.workers); `watched` is False, with a warning, should a pebble release keep them elsewhere
+    (an orphan then waits out its deadline, as in pebble)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        manager = getattr(self, "_pool_manager", None)
+        self._records = (getattr(getattr(manager, "task_manager", None), "tasks", None),
+                         getattr(getattr(manager, "worker_manager", None), "workers", None))
+        self.watched = all(isinstance(r, dict) for r in self._records)
+        if not self.watched:
+            log.warning("parse pool: this pebble release keeps its tasks and workers elsewhere; a document left "
+                        "running on a dead worker is found only at its deadline")
+
+    def orphans(self) -> dict[Future[Any], int]:
+        """The futures, not done, of documents pebble has taken by a worker that is no longer in its pool, with
+        that worker's pid."""
+        tasks, workers = self._records
+        if not self.watched or not tasks:
+            return {}
+        taken = [task for _, task in _snapshot(tasks) if task.worker_id]
+        alive = {pid for pid, _ in _snapshot(workers)}  # type: ignore[arg-type]  # after: a worker precedes its tasks
+        return {task.future: task.worker_id for task in taken
+                if task.worker_id not in alive and not task.future.done()}
 
 
 def _alone(conn: Connection, initargs: tuple[Any, ...], src: SourceFile, pages_at_most: int | None) -> None:
