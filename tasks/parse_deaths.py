@@ -74,10 +74,18 @@ class WatchedPool(ProcessPool):
 
 
 def _alone(conn: Connection, initargs: tuple[Any, ...], src: SourceFile, pages_at_most: int | None) -> None:
-    """The process: initialise as a pool worker would, say so, parse, answer."""
+    """The process: initialise as a pool worker would, say so, parse, answer. A parser's unexpected exception
+    is the answer (as pebble hands it back from a pool worker), not a death."""
     init_worker(*initargs)
     conn.send(_READY)
-    conn.send(parse_one(src, pages_at_most))
+    try:
+        answer: object = parse_one(src, pages_at_most)
+    except Exception as exc:
+        answer = exc
+    try:
+        conn.send(answer)
+    except Exception:  # a parser's exception that does not pickle: its type and message
+        conn.send(RuntimeError(f"{type(answer).__name__}: {answer}"))
     conn.close()
 
 
@@ -107,9 +115,9 @@ class AloneRuns:
 
     def parse(self, src: SourceFile, pages_at_most: int | None, deadline_s: float,
               initargs: tuple[Any, ...]) -> tuple[str | None, tuple[Any, ...]]:
-        """What parse_one returned in the process, as a pebble future would give it; raises ProcessExpired
-        (with the exit status) when the process died before it answered, TimeoutError when it took longer
-        than `deadline_s` after it was ready (or to get ready)."""
+        """What parse_one returned in the process, as a pebble future would give it; raises what the parser
+        raised, ProcessExpired (with the exit status) when the process died before it answered, TimeoutError
+        when it took longer than `deadline_s` after it was ready (or to get ready)."""
         ctx = mp.get_context("spawn")  # never fork a process with threads
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_alone, args=(writer, initargs, src, pages_at_most), daemon=True,
@@ -124,7 +132,9 @@ class AloneRuns:
             for _ in range(2):  # ready (its clock starts), then the result
                 if not reader.poll(deadline_s):
                     raise TimeoutError("Task timeout", deadline_s)
-                answer: tuple[str | None, tuple[Any, ...]] = reader.recv()
+                answer = reader.recv()
+            if isinstance(answer, BaseException):
+                raise answer
             return answer
         except EOFError:
             proc.join()

@@ -285,16 +285,23 @@ def test_a_death_pebble_blames_on_no_document_costs_only_the_crasher(
     assert restarts == 1  # one worker replaced
 
 
+def crash_or_raise(src: SourceFile, options: ParseOptions) -> ParsedDocument:
+    """Raises on 'bad-*' (a parser's bug, not a crash); else crashing_parser."""
+    if "bad" in src.path:
+        raise ValueError("the parser cannot handle this")
+    return crashing_parser(src, options)
+
+
 def test_a_document_parsed_alone_gets_a_certain_verdict(tmp_path: Path) -> None:
     """The process of its own (tasks/parse_deaths.py): the crash with its signal, the hang stopped at its
-    deadline, and the clock started once the process warmed up (a Markdown file within 2 s after ~3 s of
-    imports), the way a pool worker's is."""
+    deadline, the parser's exception handed back, and the clock started once the process warmed up (a
+    Markdown file within 2 s after ~3 s of imports), the way a pool worker's is."""
     from pebble import ProcessExpired
 
     from tasks.parse_deaths import AloneRuns
 
     runs = AloneRuns()
-    initargs = (ParseOptions(), 2048, crashing_parser, ("md",), os.getpid(), str(tmp_path / "warm"))
+    initargs = (ParseOptions(), 2048, crash_or_raise, ("md",), os.getpid(), str(tmp_path / "warm"))
     note = text_file(tmp_path / "note.md", "# Note\n\nA short note.\n")
     problem, (status, doc) = runs.parse(note, None, 2.0, initargs)
     assert problem is None and status == "ok"
@@ -304,6 +311,8 @@ def test_a_document_parsed_alone_gets_a_certain_verdict(tmp_path: Path) -> None:
     assert crashed.value.exitcode == -signal.SIGSEGV
     with pytest.raises(TimeoutError):
         runs.parse(text_file(tmp_path / "hang.txt", "x"), None, 2.0, initargs)
+    with pytest.raises(ValueError, match="cannot handle"):  # as a pool worker hands it back: not a crash
+        runs.submit(text_file(tmp_path / "bad.txt", "x"), None, 30.0, initargs).result()
     runs.close()
     with pytest.raises(RuntimeError, match="closed"):
         runs.parse(note, None, 2.0, initargs)
