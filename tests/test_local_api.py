@@ -121,3 +121,54 @@ def test_a_sigkilled_command_does_not_keep_the_server_beyond_its_linger(  # type
         proc.wait()
     assert _gone_within(pids, 2 + 15), "the server outlived the SIGKILLed command's linger time"
     assert not (folder / "state.json").exists() and not (folder / "leases" / str(proc.pid)).exists()
+
+
+_INSTALL_A = """
+import sys
+from corpusync.core import prefect_local as pl
+identity = pl._identity()
+pl._identity = lambda: identity | {"python": "/another/install/bin/python"}
+api = pl.SharedAPI(600)
+api.wait_ready()
+print(api.pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_server_another_install_superseded_stops_once_its_own_commands_are_done(  # type: ignore[no-untyped-def]
+        prefect_db: Path, tmp_path: Path, monkeypatch) -> None:
+    """Two installs (another Python or Prefect) on one PREFECT_HOME: a command of the second starts a server of
+    its own, and the first install's server stops once none of its own commands runs, at once, not kept alive
+    by the other install's commands (it was, for as long as they kept coming within its linger time)."""
+    from corpusync.core import prefect_local as pl
+
+    home = tmp_path / "prefect"
+    seed_prefect_db(prefect_db, home / PREFECT_DB)
+    monkeypatch.setenv("PREFECT_HOME", str(home))  # the servers' database, and install A's state folder
+    folder = home / "corpusync-local-api"
+    monkeypatch.setattr(pl, "state_dir", lambda: folder)
+    install_a = subprocess.Popen([sys.executable, "-c", _INSTALL_A], cwd=REPO, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        assert install_a.stdout is not None and install_a.stdin is not None
+        old = _server_pids(int(install_a.stdout.readline()))
+        pids += old
+        api = pl.SharedAPI(600)  # this install's command: another identity, so a server of its own
+        url = api.wait_ready()
+        assert api.pid != old[0]
+        pids += _server_pids(api.pid)
+        time.sleep(2)  # four of the supervisor's checks
+        assert all(_alive(p) for p in old), "a superseded server stopped while its own command still used it"
+        install_a.stdin.write("\n")
+        install_a.stdin.flush()
+        assert install_a.wait(timeout=30) == 0
+        assert _gone_within(old, 15), "a superseded server lived on, kept by another install's command"
+        assert pl._healthy(url) and json.loads((folder / "state.json").read_text())["pid"] == api.pid
+        api.release()
+        assert pl.stop_shared() and _gone_within(pids, 15)
+    finally:
+        install_a.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

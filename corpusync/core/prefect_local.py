@@ -4,9 +4,12 @@ Prefect would start a temporary API server per process; starting one costs secon
 migrations, the largest share of a small refresh from the CLI. So the CLI shares one (`SharedAPI`): the
 first command spawns a small supervisor (`python -m corpusync.core.prefect_local`, stdlib only) that runs Prefect's
 uvicorn command and stops it `local_api_linger_s` seconds after the last command that used it went. Each
-command holds a lease (a file named by its pid) while it runs; a command killed with SIGKILL leaves a lease
-whose pid is gone, which the supervisor ignores, so nothing outlives its linger time. The state (port, pid)
-lives under PREFECT_HOME, next to the SQLite database the server writes: one server per database.
+command holds a lease (a file named by its pid, holding the pid of the supervisor it uses) while it runs; a
+command killed with SIGKILL leaves a lease whose pid is gone, which the supervisor ignores, so nothing outlives
+its linger time. The state (port, pid) lives under PREFECT_HOME, next to the SQLite database the server writes:
+one server per database. A command of another install (another Python or Prefect) starts a server of its own
+there; the one it supersedes stops as soon as none of its own commands runs, without lingering (until then,
+two servers share the database).
 
 With a linger of 0 the server is this process's child (`LocalAPI`), started from the main thread with the
 kernel asked to terminate it when its parent dies (PR_SET_PDEATHSIG), and ended a second later if it has not
@@ -242,15 +245,32 @@ def _forget(folder: Path, pid: int) -> None:
         (folder / "state.json").unlink(missing_ok=True)
 
 
-def _live_leases(folder: Path) -> int:
-    """Leases of commands still running; those of commands that died without releasing are removed."""
+def _lease_server(lease: Path) -> int | None:
+    """The supervisor pid a lease names (None: it names none, as an older corpusync's empty lease)."""
+    try:
+        text = lease.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _live_leases(folder: Path, server: int | None = None) -> int:
+    """Leases of commands still running, of those using `server` (a supervisor pid) when given (a lease that
+    names none counts for any); those of commands that died without releasing are removed. A server
+    superseded by another install's is not kept alive by that install's commands."""
     live = 0
     for lease in (folder / "leases").iterdir():
-        if lease.name.isdigit() and _alive(int(lease.name)):
-            live += 1
-        else:
+        if not (lease.name.isdigit() and _alive(int(lease.name))):
             lease.unlink(missing_ok=True)
+        elif server is None or _lease_server(lease) in (None, server):
+            live += 1
     return live
+
+
+def _superseded(folder: Path, pid: int) -> bool:
+    """Whether the state no longer names supervisor `pid` (another server took over, or `api stop` ran)."""
+    state = _read_state(folder)
+    return state is None or state.get("pid") != pid
 
 
 _SPAWNED: list[subprocess.Popen[bytes]] = []
@@ -290,7 +310,7 @@ class SharedAPI:
                 tmp = self.folder / "state.json.tmp"
                 tmp.write_text(json.dumps(state))
                 tmp.replace(self.folder / "state.json")
-            self._lease.touch()
+            self._lease.write_text(str(self.pid))  # under the lock: the supervisor reads it whole
 
     def wait_ready(self) -> str:
         restarts = 0
@@ -338,13 +358,14 @@ def shared_status() -> dict[str, Any] | None:
         return None
     url = f"http://127.0.0.1:{state['port']}/api"
     with _locked(folder):
-        leases = _live_leases(folder)
+        leases = _live_leases(folder, state["pid"])
     return {"url": url, "pid": state["pid"], "healthy": _healthy(url), "commands": leases,
             "prefect": state.get("prefect")}
 
 
 def supervise(folder: Path, port: int, linger_s: float, app_dir: str) -> int:
-    """The supervisor's loop: run the server until no command has held a lease for `linger_s` seconds."""
+    """The supervisor's loop: run the server until none of its commands has held a lease for `linger_s`
+    seconds, or, once another server took its place in the state, until none holds one."""
     stopping = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -359,9 +380,9 @@ def supervise(folder: Path, port: int, linger_s: float, app_dir: str) -> int:
         while not stopping and server.poll() is None:
             time.sleep(0.5)
             with _locked(folder):
-                if _live_leases(folder):
+                if _live_leases(folder, os.getpid()):
                     idle_since = time.monotonic()
-                elif time.monotonic() - idle_since >= linger_s:
+                elif _superseded(folder, os.getpid()) or time.monotonic() - idle_since >= linger_s:
                     _forget(folder, os.getpid())  # under the lock: a command attaching now starts a new one
                     break
     finally:
