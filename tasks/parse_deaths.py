@@ -32,6 +32,8 @@ from schemas.records import SourceFile
 from tasks.parse_in_worker import init_worker, parse_one
 
 _READY = "ready"
+READY_WITHIN_S = 300.0  # spawn, imports and warm-up of a process parsing alone: a busy machine takes long, a
+# pool worker has no limit on it at all (only the pool's stall grace); past this the process is stuck
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,8 @@ class AloneRuns:
               initargs: tuple[Any, ...]) -> tuple[str | None, tuple[Any, ...]]:
         """What parse_one returned in the process, as a pebble future would give it; raises what the parser
         raised, ProcessExpired (with the exit status) when the process died before it answered, TimeoutError
-        when it took longer than `deadline_s` after it was ready (or to get ready)."""
+        when it took longer than `deadline_s` after it was ready, or longer than READY_WITHIN_S to get ready
+        (its warm-up is not the document's time: under load it can take longer than a short deadline)."""
         ctx = mp.get_context("spawn")  # never fork a process with threads
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_alone, args=(writer, initargs, src, pages_at_most), daemon=True,
@@ -129,9 +132,9 @@ class AloneRuns:
             self._running.add(proc)
         writer.close()  # the child holds the only write end: its death reads as EOF
         try:
-            for _ in range(2):  # ready (its clock starts), then the result
-                if not reader.poll(deadline_s):
-                    raise TimeoutError("Task timeout", deadline_s)
+            for wait_s in (max(deadline_s, READY_WITHIN_S), deadline_s):  # ready (its clock starts), the result
+                if not reader.poll(wait_s):
+                    raise TimeoutError("Task timeout", wait_s)
                 answer = reader.recv()
             if isinstance(answer, BaseException):
                 raise answer
