@@ -239,6 +239,9 @@ class RunSummary(BaseModel):
     chunks: ChunkCounts = Field(default_factory=ChunkCounts)
     quarantined: list[dict[str, Any]] = Field(default_factory=list)
     renamed: list[dict[str, str]] = Field(default_factory=list)
+    quarantine_closed: list[dict[str, str]] = Field(
+        default_factory=list, description="Quarantined paths whose failure this run found gone, each with why: gone "
+        "(the file left the source) or live-content (the file is back to its live version's content).")
     timings: dict[str, float] = Field(default_factory=dict)
     model: str = ""
     message: str = ""

@@ -11,7 +11,7 @@ last one when.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
@@ -164,3 +164,22 @@ def diff(
         if (moved := by_hash.pop(gone.content_sha256, None)) is not None:
             plan.renamed.append((gone, moved))
     return plan
+
+
+def closed_quarantine(files: Iterable[SourceFile], unreadable: Collection[str], live: Iterable[LiveVersion],
+                      open_records: Iterable[str]) -> dict[str, str]:
+    """The paths, of those with an open quarantine record, that the record no longer describes, and why:
+    'gone' (no file at the path: deleted, renamed, or excluded by the globs; a file discover could not read or
+    rejected is still there) or 'live-content' (the file is the content its live version has: restored, or
+    the bad content was replaced by the good one again). A record left open says the file still fails;
+    closing it is what lets documents_current stop reporting a failure the corpus no longer has."""
+    on_disk = {f.path: f.sha256 for f in files}
+    live_sha = {v.path: v.content_sha256 for v in live}
+    closed: dict[str, str] = {}
+    for path in open_records:
+        if path not in on_disk:
+            if path not in unreadable:
+                closed[path] = "gone"
+        elif live_sha.get(path) == on_disk[path]:
+            closed[path] = "live-content"
+    return closed

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from schemas.records import QuarantineRecord, SourceFile
-from tasks.diff import TEMPORARY_REASONS, QuarantineState, RetryPolicy, diff, with_state
+from schemas.records import LiveVersion, QuarantineRecord, SourceFile
+from tasks.diff import TEMPORARY_REASONS, QuarantineState, RetryPolicy, closed_quarantine, diff, with_state
 
 HOUR = 3600.0
 
@@ -193,3 +193,12 @@ def test_summary_entry_of_a_fresh_failure_carries_its_retry_time() -> None:
     assert shown["status"] == "quarantined" and shown["attempts"] == 3
     assert shown["retry_at"] == (T0 + timedelta(hours=4)).isoformat()
     assert with_state(record, None, RetryPolicy()).as_dict()["retry_at"] is None
+
+
+def test_a_quarantine_no_longer_describing_its_file_is_closed() -> None:
+    live = [LiveVersion(1, 11, "restored.pdf", "good", "fp", 3), LiveVersion(2, 12, "still-bad.pdf", "good", "fp", 3)]
+    files = [_src("restored.pdf", sha="good"), _src("still-bad.pdf", sha="bad"), _src("never-live.txt", sha="bad")]
+    open_records = ["restored.pdf", "still-bad.pdf", "never-live.txt", "deleted.txt", "unreadable.txt"]
+    assert closed_quarantine(files, {"unreadable.txt"}, live, open_records) == {
+        "restored.pdf": "live-content", "deleted.txt": "gone"}  # an unreadable file is still there
+    assert closed_quarantine(files, set(), live, []) == {}

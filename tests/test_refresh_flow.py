@@ -143,6 +143,50 @@ def test_bad_input_is_quarantined_and_previous_version_stays_live(prefect_harnes
         ("locked.pdf", "still quarantined", "encrypted")}
 
 
+def closed(conn: psycopg.Connection) -> dict[str, tuple[str, str | None]]:
+    """documents_current's status of each quarantined path, with why its latest record was closed."""
+    return {r[0]: (r[1], r[2]) for r in conn.execute(
+        "SELECT path, status, last_quarantine_resolution FROM corpusync.documents_current "
+        "WHERE last_quarantine_reason IS NOT NULL")}
+
+
+def test_a_quarantine_closes_once_it_no_longer_describes_the_file(prefect_harness, settings, corpus: Path,  # type: ignore[no-untyped-def]
+                                                                    conn) -> None:
+    """documents_current reports a failure only while the file still has it: a file back to its live content,
+    or gone from the source, closes its record; the same bad content again is a new failure (parsed, not
+    skipped for a closed record); a content that goes live closes the record too, and rollback keeps it so."""
+    real_pdf = next((Path(__file__).parent.parent / "examples/sample-corpus/docs").glob("*.pdf"))
+    shutil.copy(real_pdf, corpus / "paper.pdf")
+    run(settings, corpus)
+    data = (corpus / "paper.pdf").read_bytes()
+    (corpus / "paper.pdf").write_bytes(data[: len(data) // 3])
+    (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "note.txt").write_bytes(b"")
+    run(settings, corpus)
+    assert closed(conn) == {"paper.pdf": ("live (newer content quarantined)", None),
+                            "empty.txt": ("quarantined", None), "note.txt": ("quarantined", None)}
+
+    (corpus / "paper.pdf").write_bytes(data)  # restored
+    (corpus / "empty.txt").unlink()  # gone
+    summary = run(settings, corpus)
+    assert summary["status"] == "no_changes" and [q["path"] for q in summary["quarantined"]] == ["note.txt"]
+    assert summary["quarantine_closed"] == [{"path": "empty.txt", "resolution": "gone"},
+                                            {"path": "paper.pdf", "resolution": "live-content"}]
+    assert closed(conn) == {"paper.pdf": ("live", "live-content"), "empty.txt": ("not live", "gone"),
+                            "note.txt": ("quarantined", None)}
+
+    (corpus / "paper.pdf").write_bytes(data[: len(data) // 3])  # the same bad content again: a new failure
+    (corpus / "note.txt").write_text("A note, written at last.")
+    summary = run(settings, corpus)
+    assert {(q["path"], q["status"]) for q in summary["quarantined"]} == {("paper.pdf", "quarantined")}
+    assert summary["published"]
+    assert closed(conn) == {"paper.pdf": ("live (newer content quarantined)", None),
+                            "empty.txt": ("not live", "gone"), "note.txt": ("live", "indexed")}
+    assert conn.execute("SELECT count(*) FROM corpusync.quarantine WHERE path = 'paper.pdf'").fetchone() == (2,)
+    rollback(conn)  # note.txt is not live in the generation before: its failure stays closed
+    assert closed(conn)["note.txt"] == ("not live", "indexed")
+
+
 def test_parser_crash_quarantines_one_document(prefect_harness, settings, corpus: Path, conn,  # type: ignore[no-untyped-def]
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A parser that segfaults (fault injection in the isolated worker) costs that file only."""

@@ -84,6 +84,7 @@ documents_current = sa.Table(
         ("char_count", sa.Integer), ("chunk_count", sa.Integer), ("live_since_generation", sa.Integer),
         ("indexed_by_run", sa.BigInteger), ("last_quarantine_reason", sa.Text),
         ("last_quarantine_error", sa.Text), ("last_quarantined_at", TSTZ), ("status", sa.Text),
+        ("last_quarantine_resolved_at", TSTZ), ("last_quarantine_resolution", sa.Text),
     ]),
     comment="every known document, its live version and its latest quarantine record",
 )

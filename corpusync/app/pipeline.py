@@ -31,7 +31,7 @@ from tasks import load as load_stage
 from tasks import parse as parse_stage
 from tasks import publish as publish_stage
 from tasks import validate_worker
-from tasks.diff import RetryPolicy, diff, with_state
+from tasks.diff import RetryPolicy, closed_quarantine, diff, with_state
 from tasks.validate import VALIDATE_LOGIC_VERSION
 
 log = logging.getLogger("corpusync.refresh")
@@ -146,6 +146,7 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         reference = generations.mass_delete_reference(ctx.conn, ctx.settings.mass_delete_window_h)
         publish_stage.check_mass_delete(plan, ctx.settings.max_delete_fraction, ctx.allow_mass_delete, reference)
         ctx.summary.renamed = [{"from": a.path, "to": b.path} for a, b in plan.renamed]
+        _close_quarantine(ctx, closed_quarantine(files, unreadable, live, quarantined))
         _quarantine(ctx, found.problems, fp)
         _report_only(ctx, plan.still_quarantined)
         if plan.retrying:
@@ -217,6 +218,15 @@ def release_workers() -> None:
     """Let go of what warm_up started in other processes: the validation worker stays a minute for this
     process's next refresh (tasks/validate_worker.py), then exits; the CLI stops it as its command ends."""
     validate_worker.release()
+
+
+def _close_quarantine(ctx: RefreshContext, closed: dict[str, str]) -> None:
+    """Close the quarantine records that no longer describe their file (tasks/diff.py closed_quarantine), so
+    documents_current stops reporting them and the diff no longer skips the path for them."""
+    if versions.close_quarantine(ctx.conn, ctx.run_id, closed):
+        ctx.summary.quarantine_closed = [{"path": p, "resolution": why} for p, why in sorted(closed.items())]
+        log.info("quarantine closed for %d file(s): %s", len(closed),
+                 ", ".join(f"{path} ({why})" for path, why in sorted(closed.items())))
 
 
 def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprint: str) -> None:

@@ -8,7 +8,7 @@ until corpusync.store.generations.publish flips the pointer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -115,6 +115,16 @@ def record_quarantine(conn: psycopg.Connection, run_id: int, fingerprint: str,
                 written.add(r.path)
     return written
 
+
+
+def close_quarantine(conn: psycopg.Connection, run_id: int, closed: Mapping[str, str]) -> int:
+    """Close the open quarantine records of the paths given (path -> resolution: tasks.diff.closed_quarantine)
+    in run `run_id`; returns how many records that closed."""
+    if not closed:
+        return 0
+    with conn.transaction():
+        return db.execute(conn, "close_quarantine", {"run_id": run_id, "paths": list(closed),
+                                                     "resolutions": list(closed.values())})
 
 def retire(conn: psycopg.Connection, version_ids: Sequence[int], generation: int) -> int:
     """Mark versions as gone from `generation` on. Returns how many chunks that retires."""

@@ -1,11 +1,13 @@
--- The newest quarantine record of each path (of %(paths)s; NULL: every path), with the streak of identical
--- records it ends (same content, pipeline, stage and reason; any other record in between breaks it): its
--- length (attempts) and its first and last time. The diff skips unchanged bad files with it, and retries
--- those of a temporary cause once their back-off (from attempts and last_at) has run out.
+-- The newest quarantine record of each path (of %(paths)s; NULL: every path) while it is open (a closed one
+-- is history: the path has none), with the streak of identical open records it ends (same content,
+-- pipeline, stage and reason; any other record in between, or a closed one, breaks it): its length
+-- (attempts) and its first and last time. The diff skips unchanged bad files with it, and retries those of
+-- a temporary cause once their back-off (from attempts and last_at) has run out.
 WITH ranked AS (
     SELECT q.id, q.path, q.content_sha256, q.pipeline_fingerprint, q.stage, q.reason, q.error, q.created_at,
-           first_value(q.id) OVER w AS latest_id,
-           q.content_sha256 IS NOT DISTINCT FROM first_value(q.content_sha256) OVER w
+           q.resolved_at, first_value(q.id) OVER w AS latest_id,
+           q.resolved_at IS NULL
+           AND q.content_sha256 IS NOT DISTINCT FROM first_value(q.content_sha256) OVER w
            AND q.pipeline_fingerprint IS NOT DISTINCT FROM first_value(q.pipeline_fingerprint) OVER w
            AND q.stage = first_value(q.stage) OVER w
            AND q.reason = first_value(q.reason) OVER w AS same
@@ -27,3 +29,4 @@ SELECT s.path,
        max(s.created_at) AS last_at
 FROM streaks s
 GROUP BY s.path
+HAVING bool_or(s.id = s.latest_id AND s.resolved_at IS NULL)

@@ -54,13 +54,15 @@ CREATE VIEW corpusync.documents_current WITH (security_invoker = true) AS
            q.reason AS last_quarantine_reason,
            q.error AS last_quarantine_error,
            q.created_at AS last_quarantined_at,
-           CASE
-               WHEN v.id IS NOT NULL AND q.id IS NOT NULL AND q.created_at > v.created_at
+           CASE  -- a closed quarantine record (migration 0008) no longer describes the file
+               WHEN v.id IS NOT NULL AND q.id IS NOT NULL AND q.resolved_at IS NULL AND q.created_at > v.created_at
                     THEN 'live (newer content quarantined)'
                WHEN v.id IS NOT NULL THEN 'live'
-               WHEN q.id IS NOT NULL THEN 'quarantined'
+               WHEN q.id IS NOT NULL AND q.resolved_at IS NULL THEN 'quarantined'
                ELSE 'not live'
-           END AS status
+           END AS status,
+           q.resolved_at AS last_quarantine_resolved_at,
+           q.resolution AS last_quarantine_resolution
     FROM corpusync.documents d
     LEFT JOIN corpusync.document_versions v
            ON v.document_id = d.id
