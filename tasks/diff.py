@@ -167,19 +167,22 @@ def diff(
 
 
 def closed_quarantine(files: Iterable[SourceFile], unreadable: Collection[str], live: Iterable[LiveVersion],
-                      open_records: Iterable[str]) -> dict[str, str]:
+                      open_records: Mapping[str, QuarantineState]) -> dict[str, str]:
     """The paths, of those with an open quarantine record, that the record no longer describes, and why:
     'gone' (no file at the path: deleted, renamed, or excluded by the globs; a file discover could not read or
-    rejected is still there) or 'live-content' (the file is the content its live version has: restored, or
-    the bad content was replaced by the good one again). A record left open says the file still fails;
-    closing it is what lets documents_current stop reporting a failure the corpus no longer has."""
+    rejected is still there) or 'live-content' (the file is back to the content its live version has, and the
+    record is about another one: restored, or the bad content replaced by the good one again). A record of
+    the live content itself stays open: that content failed under this pipeline (the live version is an older
+    pipeline's), and closing it would parse it again, and fail, on every other run. A record left open says the
+    file still fails; closing it is what lets documents_current stop reporting a failure the corpus no longer
+    has."""
     on_disk = {f.path: f.sha256 for f in files}
     live_sha = {v.path: v.content_sha256 for v in live}
     closed: dict[str, str] = {}
-    for path in open_records:
+    for path, state in open_records.items():
         if path not in on_disk:
             if path not in unreadable:
                 closed[path] = "gone"
-        elif live_sha.get(path) == on_disk[path]:
+        elif live_sha.get(path) == on_disk[path] != state.content_sha256:
             closed[path] = "live-content"
     return closed

@@ -196,9 +196,14 @@ def test_summary_entry_of_a_fresh_failure_carries_its_retry_time() -> None:
 
 
 def test_a_quarantine_no_longer_describing_its_file_is_closed() -> None:
-    live = [LiveVersion(1, 11, "restored.pdf", "good", "fp", 3), LiveVersion(2, 12, "still-bad.pdf", "good", "fp", 3)]
-    files = [_src("restored.pdf", sha="good"), _src("still-bad.pdf", sha="bad"), _src("never-live.txt", sha="bad")]
-    open_records = ["restored.pdf", "still-bad.pdf", "never-live.txt", "deleted.txt", "unreadable.txt"]
+    live = [LiveVersion(1, 11, "restored.pdf", "good", "fp", 3), LiveVersion(2, 12, "still-bad.pdf", "good", "fp", 3),
+            LiveVersion(3, 13, "fails-anew.pdf", "good", "old-fp", 3)]
+    files = [_src("restored.pdf", sha="good"), _src("still-bad.pdf", sha="bad"), _src("never-live.txt", sha="bad"),
+             _src("fails-anew.pdf", sha="good")]
+    open_records = {path: _state("corrupt", sha="bad") for path in
+                    ("restored.pdf", "still-bad.pdf", "never-live.txt", "deleted.txt", "unreadable.txt")}
+    # the live content failed under a newer pipeline: still true of the file (closing it would retry it for ever)
+    open_records["fails-anew.pdf"] = _state("timeout", sha="good", fp="fp")
     assert closed_quarantine(files, {"unreadable.txt"}, live, open_records) == {
         "restored.pdf": "live-content", "deleted.txt": "gone"}  # an unreadable file is still there
-    assert closed_quarantine(files, set(), live, []) == {}
+    assert closed_quarantine(files, set(), live, {}) == {}
