@@ -116,7 +116,6 @@ def record_quarantine(conn: psycopg.Connection, run_id: int, fingerprint: str,
     return written
 
 
-
 def close_quarantine(conn: psycopg.Connection, run_id: int, closed: Mapping[str, str]) -> int:
     """Close the open quarantine records of the paths given (path -> resolution: tasks.diff.closed_quarantine)
     in run `run_id`; returns how many records that closed."""
@@ -125,6 +124,7 @@ def close_quarantine(conn: psycopg.Connection, run_id: int, closed: Mapping[str,
     with conn.transaction():
         return db.execute(conn, "close_quarantine", {"run_id": run_id, "paths": list(closed),
                                                      "resolutions": list(closed.values())})
+
 
 def retire(conn: psycopg.Connection, version_ids: Sequence[int], generation: int) -> int:
     """Mark versions as gone from `generation` on. Returns how many chunks that retires."""
