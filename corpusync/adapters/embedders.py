@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from functools import cached_property
@@ -32,6 +33,12 @@ log = logging.getLogger("corpusync.embed")
 # refresh's warm-up thread and the first use of the tokenizer or the model) takes this lock.
 _IMPORTS = threading.RLock()
 _MODEL_LOADS = threading.Lock()
+
+# PEFT (a FlagEmbedding dependency) warns on import that its next release drops Transformers < 5.6. The stack
+# is pinned and verified together (requirements/), so the warning says nothing a user can act on; it was the
+# only line in every model server's log. Only that message is ignored.
+warnings.filterwarnings("ignore", message=r"Support for Transformers < [\d.]+ is deprecated in PEFT",
+                        category=FutureWarning)
 
 
 def preload_libraries() -> None:
@@ -226,8 +233,6 @@ class FlagEmbedder:
         return loaded
 
     def _load_model(self) -> Any:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.kind == "bge-m3":
