@@ -6,7 +6,8 @@ Quarantine causes come in two kinds (TEMPORARY_REASONS is the one place that dec
 in wall time (RetryPolicy, settings quarantine_retry_*); a permanent one (corrupt, encrypted, empty, ...) is
 skipped until the file's content or the pipeline fingerprint changes. The back-off state is derived from the
 quarantine history (corpusync.store.versions.latest_quarantine): how many identical failures in a row, the
-last one when.
+last one when. Only open records count: a record is closed once it no longer describes the file
+(closed_quarantine here; 'indexed' in the publish), and the same failure after that is a new one.
 """
 
 from __future__ import annotations
