@@ -254,15 +254,15 @@ def _lease_server(lease: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _live_leases(folder: Path, server: int | None = None) -> int:
-    """Leases of commands still running, of those using `server` (a supervisor pid) when given (a lease that
-    names none counts for any); those of commands that died without releasing are removed. A server
-    superseded by another install's is not kept alive by that install's commands."""
+def _live_leases(folder: Path, server: int) -> int:
+    """Leases of commands still running that use `server` (a supervisor pid; a lease that names none counts
+    for any); those of commands that died without releasing are removed. A server superseded by another
+    install's is not kept alive by that install's commands."""
     live = 0
     for lease in (folder / "leases").iterdir():
         if not (lease.name.isdigit() and _alive(int(lease.name))):
             lease.unlink(missing_ok=True)
-        elif server is None or _lease_server(lease) in (None, server):
+        elif _lease_server(lease) in (None, server):
             live += 1
     return live
 
