@@ -226,7 +226,7 @@ def _close_quarantine(ctx: RefreshContext, closed: dict[str, str]) -> None:
     if versions.close_quarantine(ctx.conn, ctx.run_id, closed):
         ctx.summary.quarantine_closed = [{"path": p, "resolution": why} for p, why in sorted(closed.items())]
         log.info("quarantine closed for %d file(s): %s", len(closed),
-                 ", ".join(f"{path} ({why})" for path, why in sorted(closed.items())))
+                 ", ".join(f"{q['path']} ({q['resolution']})" for q in ctx.summary.quarantine_closed))
 
 
 def _quarantine(ctx: RefreshContext, records: list[QuarantineRecord], fingerprint: str) -> None:
