@@ -102,6 +102,18 @@ class DiffPlan:
     live_before: int = 0
 
     @property
+    def removed(self) -> list[LiveVersion]:
+        """The deleted documents whose content did not move to a new path (a rename removes nothing)."""
+        moved = {old.path for old, _ in self.renamed}
+        return [v for v in self.deleted if v.path not in moved]
+
+    @property
+    def added(self) -> list[SourceFile]:
+        """The new files that are not a renamed document's new path."""
+        moved = {new.path for _, new in self.renamed}
+        return [f for f in self.new if f.path not in moved]
+
+    @property
     def to_process(self) -> list[SourceFile]:
         return self.new + [f for f, _ in self.changed]
 
@@ -242,7 +254,10 @@ class RunSummary(BaseModel):
     quarantine_closed: list[dict[str, str]] = Field(
         default_factory=list, description="Quarantined paths whose failure this run found gone, each with why: gone "
         "(the file left the source) or live-content (the file is back to its live version's content).")
-    timings: dict[str, float] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="Seconds per stage, summed over its batches. Stages overlap (one batch "
+        "is embedded while the next is parsed) and batches parse side by side: they do not add up to elapsed_s.")
+    elapsed_s: float = Field(0.0, description="Seconds from the start of the run (writer lock taken) to its end.")
     model: str = ""
     message: str = ""
     validation: dict[str, Any] = Field(

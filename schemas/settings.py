@@ -271,7 +271,8 @@ class Settings(BaseSettings):
         ge=0.0,
         le=1.0,
         description="A refresh that would remove more than this share of the live documents refuses to "
-        "publish unless --allow-mass-delete is given (an unmounted folder looks empty).",
+        "publish unless --allow-mass-delete is given (an unmounted folder looks empty). A document whose content "
+        "moved to another path is renamed, not removed.",
     )
     mass_delete_window_h: float = Field(
         168.0,

@@ -158,13 +158,38 @@ def diff(
         else:
             plan.changed.append((f, current))
     plan.deleted = [v for p, v in sorted(live_by_path.items()) if p not in seen]
-    by_hash: dict[str, SourceFile] = {}
-    for f in plan.new:
-        by_hash.setdefault(f.sha256, f)
-    for gone in plan.deleted:
-        if (moved := by_hash.pop(gone.content_sha256, None)) is not None:
-            plan.renamed.append((gone, moved))
+    plan.renamed = renames(plan.deleted, plan.new)
     return plan
+
+
+def renames(deleted: Iterable[LiveVersion], new: Iterable[SourceFile]) -> list[tuple[LiveVersion, SourceFile]]:
+    """Pair each deleted document with a new file of the same content, one to one: a folder moved or renamed
+    is n renames, also where several of its files are copies of each other. Among candidates of the same
+    content, the one whose path ends the same way for the most components is taken (`a/x.md` moved to
+    `old/a/x.md` rather than to `old/b/x.md`), then path order."""
+    by_hash: dict[str, list[SourceFile]] = {}
+    for f in sorted(new, key=lambda f: f.path):
+        by_hash.setdefault(f.sha256, []).append(f)
+    pairs = []
+    for gone in deleted:
+        candidates = by_hash.get(gone.content_sha256)
+        if not candidates:
+            continue
+        parts = gone.path.split("/")[::-1]
+        moved = max(candidates, key=lambda f: _common_tail(parts, f.path.split("/")[::-1]))  # first of a tie
+        candidates.remove(moved)
+        pairs.append((gone, moved))
+    return pairs
+
+
+def _common_tail(a: list[str], b: list[str]) -> int:
+    """How many leading items two lists share (paths' components, last first)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def closed_quarantine(files: Iterable[SourceFile], unreadable: Collection[str], live: Iterable[LiveVersion],

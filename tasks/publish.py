@@ -15,14 +15,15 @@ def check_mass_delete(plan: DiffPlan, max_fraction: float, allow: bool,
     the index more than max_fraction below `reference` (the largest generation published recently:
     corpusync.store.generations.mass_delete_reference), so several refreshes in a row cannot empty it a slice
     at a time."""
-    if allow or plan.live_before == 0 or not plan.deleted:
+    removed = plan.removed  # a document renamed or moved is not removed
+    if allow or plan.live_before == 0 or not removed:
         return
     advice = ("If the source folder is mounted and the deletions are intended, run again with --allow-mass-delete "
               "(or raise CORPUSYNC_MAX_DELETE_FRACTION). Nothing was changed; the published generation stays live.")
-    share = len(plan.deleted) / plan.live_before
+    share = len(removed) / plan.live_before
     if share > max_fraction:
         raise MassDeleteRefused(
-            f"this refresh would remove {len(plan.deleted)} of {plan.live_before} live documents "
+            f"this refresh would remove {len(removed)} of {plan.live_before} live documents "
             f"({share:.0%} > the {max_fraction:.0%} limit). {advice}"
         )
     if reference is None or not reference["live_documents"]:

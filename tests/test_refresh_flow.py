@@ -56,7 +56,8 @@ def test_refresh_lifecycle(prefect_harness, settings, corpus: Path, conn) -> Non
     shutil.move(corpus / "en/Normans.md", corpus / "en/Normans-renamed.md")
     third = run(settings, corpus)
     d = third["documents"]
-    assert (d["new"], d["changed"], d["unchanged"], d["deleted"], d["renamed"]) == (2, 1, 3, 2, 1)
+    # the rename is counted once, as renamed, not also as new and deleted
+    assert (d["new"], d["changed"], d["unchanged"], d["deleted"], d["renamed"]) == (1, 1, 3, 1, 1)
     assert third["renamed"] == [{"from": "en/Normans.md", "to": "en/Normans-renamed.md"}]
     assert third["published"] and third["generation"] == 2
     state3 = live(conn)
@@ -202,8 +203,19 @@ def test_parser_crash_quarantines_one_document(prefect_harness, settings, corpus
 
 
 def test_mass_delete_is_refused(prefect_harness, settings, corpus: Path, conn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An emptied source is refused; the whole corpus moved into a subfolder is not: a move removes nothing."""
     run(settings, corpus)
+    before = live(conn)
+    (corpus / "archive").mkdir()
+    for child in sorted(corpus.iterdir()):
+        if child.name != "archive":
+            shutil.move(child, corpus / "archive" / child.name)
+    moved = run(settings, corpus)
+    d = moved["documents"]
+    assert moved["published"] and (d["new"], d["deleted"], d["renamed"]) == (0, 0, 6)
+    assert sorted((r["from"], r["to"]) for r in moved["renamed"]) == [(p, f"archive/{p}") for p in sorted(before)]
     state = live(conn)
+    assert state == {f"archive/{p}": texts for p, texts in before.items()}
     empty = tmp_path / "unmounted"
     empty.mkdir()
     with pytest.raises(MassDeleteRefused, match="--allow-mass-delete"):

@@ -102,6 +102,26 @@ def test_mass_delete_guard() -> None:
         check_mass_delete(plan, 0.5, allow=False)
     check_mass_delete(plan, 0.5, allow=True)
     check_mass_delete(plan, 0.7, allow=False)
+    # a reorganised corpus: the documents moved are not removed, the one deleted alone is
+    old = [_live(f"{i}.md", f"sha{i}", doc_id=i + 1) for i in range(8)]
+    new = [_src(f"archive/{i}.md", f"{i}") for i in range(7)]
+    moved = DiffPlan(new=new, deleted=old, renamed=list(zip(old, new, strict=False)), live_before=10)
+    assert [v.path for v in moved.removed] == ["7.md"] and moved.added == []
+    check_mass_delete(moved, 0.5, allow=False)
+
+
+def test_renames_pair_copies_one_to_one_by_their_paths() -> None:
+    """A moved folder whose files are copies of each other is as many renames, each file to its own new
+    path; a content that lost a path but gained none is a deletion, one that gained two paths one new."""
+    same = ("a/x.md", "b/x.md", "b/y.md")
+    files = [_src(f"old/{p}", "S") for p in same] + [_src("old/b/z.md", "S"), _src("lone.md", "L")]
+    live = [_live(p, files[0].sha256, doc_id=i + 1) for i, p in enumerate(same)] + [
+        _live("gone.md", "nothing", doc_id=9)]
+    plan = diff(files, live, "fp")
+    assert sorted((old.path, new.path) for old, new in plan.renamed) == [
+        ("a/x.md", "old/a/x.md"), ("b/x.md", "old/b/x.md"), ("b/y.md", "old/b/y.md")]
+    assert sorted(f.path for f in plan.added) == ["lone.md", "old/b/z.md"]
+    assert [v.path for v in plan.removed] == ["gone.md"]
 
 
 def test_clean_text_normalises() -> None:

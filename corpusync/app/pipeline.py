@@ -140,9 +140,11 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         # Unreadable files are not deletions: keep their live version (bad input never removes a document).
         unreadable = {p.path for p in found.problems}
         plan.deleted = [v for v in plan.deleted if v.path not in unreadable]
+        plan.renamed = [(old, new) for old, new in plan.renamed if old.path not in unreadable]
         d = ctx.summary.documents  # booked first: a refusal below reports what it refused
-        d.new, d.changed, d.unchanged = len(plan.new), len(plan.changed), len(plan.unchanged)
-        d.deleted, d.renamed = len(plan.deleted), len(plan.renamed)
+        # a rename is counted once, as renamed (it is processed as a delete plus a new document)
+        d.new, d.changed, d.unchanged = len(plan.added), len(plan.changed), len(plan.unchanged)
+        d.deleted, d.renamed = len(plan.removed), len(plan.renamed)
         reference = generations.mass_delete_reference(ctx.conn, ctx.settings.mass_delete_window_h)
         publish_stage.check_mass_delete(plan, ctx.settings.max_delete_fraction, ctx.allow_mass_delete, reference)
         ctx.summary.renamed = [{"from": a.path, "to": b.path} for a, b in plan.renamed]
@@ -152,8 +154,8 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         if plan.retrying:
             log.info("retrying %d file(s) quarantined for a cause that can pass: %s", len(plan.retrying),
                      ", ".join(f"{r.path} ({r.reason}, {r.attempts} failure(s))" for r in plan.retrying))
-        log.info("%d files: %d new, %d changed, %d unchanged, %d deleted (%d unsupported)", len(files),
-                 d.new, d.changed, d.unchanged, d.deleted, len(unsupported))
+        log.info("%d files: %d new, %d changed, %d unchanged, %d deleted, %d renamed (%d unsupported)", len(files),
+                 d.new, d.changed, d.unchanged, d.deleted, d.renamed, len(unsupported))
     return plan
 
 

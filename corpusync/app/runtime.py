@@ -63,6 +63,7 @@ class RefreshContext:
     evaluation_report: str = ""
     validation_report: str = ""
     loaded_paths: set[str] = field(default_factory=set)  # documents loaded into the candidate so far
+    started: float = field(default_factory=time.monotonic)
 
     @cached_property
     def embedder(self) -> FlagEmbedder:
@@ -177,6 +178,7 @@ def _finish(ctx: RefreshContext, status: str, message: str) -> None:
     s.status = status
     s.message = message
     s.timings = dict(ctx.timings)
+    s.elapsed_s = round(time.monotonic() - ctx.started, 3)
     s.candidate_generation = ctx.generation
     if ctx.generation is not None and not s.published and status in {"failed", "refused"}:
         try:

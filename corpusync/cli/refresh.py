@@ -159,5 +159,5 @@ def _print_summary(s: dict[str, Any]) -> None:
                    + (f"; report {e['report']}" if e["report"] else ""))
     if s.get("message"):
         typer.echo(f"  {s['message']}")
-    total = sum(s["timings"].values())
-    typer.echo(f"  time: {total:.2f}s (" + ", ".join(f"{k} {v:.2f}s" for k, v in s["timings"].items()) + ")")
+    stages = ", ".join(f"{k} {v:.2f}s" for k, v in s["timings"].items())
+    typer.echo(f"  time: {s.get('elapsed_s', 0.0):.2f}s" + (f" (by stage, overlapping: {stages})" if stages else ""))
