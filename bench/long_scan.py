@@ -57,7 +57,8 @@ def main() -> None:
         pdf = root / "corpus" / f"scan-{args.pages}-pages.pdf"
         pages = assemble(args.data, args.pages, pdf)
         size_mb = pdf.stat().st_size / 1e6
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+        # the OCR cache off: the assembled pages repeat, and a repeat would be a cache hit, not an OCR
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CORPUSYNC_OCR_CACHE="false",
                    CORPUSYNC_EMBEDDER=os.environ.get("CORPUSYNC_EMBEDDER", "minilm"))
         cli = [sys.executable, "-m", "corpusync.cli", "--home", str(root / "home")]
         t0 = time.perf_counter()

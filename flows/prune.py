@@ -28,9 +28,9 @@ def prune(
             CORPUSYNC_RETENTION_GENERATIONS.
         lock_timeout_s: Seconds to wait for a refresh's writer lock; unset: CORPUSYNC_LOCK_TIMEOUT_S.
     """
-    from corpusync.store.generations import prune as do_prune
+    from corpusync.app.pruning import prune as do_prune
 
     settings = flow_settings(retention_generations=retention_generations, lock_timeout_s=lock_timeout_s)
     with open_database(settings) as conn:
         acquire_writer_lock(conn, settings.lock_timeout_s)
-        return do_prune(conn, settings.retention_generations, settings.vector_cache_ttl_h)
+        return do_prune(conn, settings)

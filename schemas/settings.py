@@ -239,6 +239,12 @@ class Settings(BaseSettings):
         0.80, ge=0.0, le=1.0, description="Pages whose mean OCR confidence is below this are flagged."
     )
     ocr_max_pages: int = Field(500, ge=0, description="At most this many pages per document are OCRed.")
+    ocr_cache: bool = Field(
+        True,
+        description="Keep each page's OCR reading under <home>/ocr-cache, keyed by the page image and the engine, "
+        "its models and the parse logic: a scan renamed, moved, or left over by a killed or refused run is not "
+        "read again. Prune removes readings not used for CORPUSYNC_VECTOR_CACHE_TTL_H hours.",
+    )
     pdf_tables: bool = Field(
         False,
         description="Detect ruled tables in PDFs with PyMuPDF and emit them as Markdown (~0.3 s per candidate "
@@ -287,7 +293,7 @@ class Settings(BaseSettings):
         description="Every embedded batch is kept at once in the vector cache (table vector_cache), so a run that "
         "is killed, fails or is refused by the gate costs the next run only the text not embedded yet. Prune "
         "deletes cached vectors a published chunk already holds, and those no chunk holds once older than "
-        "this many hours.",
+        "this many hours; and the OCR readings (CORPUSYNC_OCR_CACHE) not used for this many hours.",
     )
     lock_timeout_s: float = Field(
         0.0,
@@ -456,7 +462,12 @@ class Settings(BaseSettings):
             ocr_model_dir=str(self.ocr_model_dir) if self.ocr_model_dir else None, ocr_dpi=self.ocr_dpi,
             ocr_min_confidence=self.ocr_min_confidence, ocr_max_pages=self.ocr_max_pages,
             pdf_tables=self.pdf_tables, max_chars=self.parse_max_chars, markdown_parser=self.markdown_parser,
+            ocr_cache_dir=str(self.ocr_cache_dir) if self.ocr_cache else None,
         )
+
+    @property
+    def ocr_cache_dir(self) -> Path:
+        return self.home / "ocr-cache"
 
     @property
     def reports_dir(self) -> Path:

@@ -6,6 +6,7 @@ Heavy imports (onnxruntime, paddle) happen on first use, so the CLI starts fast.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import statistics
@@ -173,6 +174,14 @@ def not_an_empty_page(record: logging.LogRecord) -> bool:
     return record.getMessage() != EMPTY_PAGE_WARNING
 
 
+def _rapidocr_models() -> str:
+    """The ONNX models RapidOCR's wheel ships (it loads them from its package), found without importing it."""
+    spec = importlib.util.find_spec("rapidocr")
+    folder = Path(spec.origin).parent / "models" if spec and spec.origin else None
+    models = sorted(p.stem for p in folder.glob("*.onnx")) if folder else []
+    return "+".join(models) or "PP-OCR"
+
+
 class RapidOcrEngine:
     """PP-OCRv6 detection + recognition (+ the text-line direction classifier) through RapidOCR, on
     `threads` onnxruntime threads (default: every CPU this process may use)."""
@@ -183,8 +192,9 @@ class RapidOcrEngine:
         self.version = _version("rapidocr")
         self.threads = threads or usable_cpus()
         self.max_side: int = RAPIDOCR_PARAMS["Global.max_side_len"]
+        self.params = RAPIDOCR_PARAMS  # what decides its readings besides the models (threads do not)
         self._engine: Any = None
-        self.model = "PP-OCR"
+        self.model = _rapidocr_models()
 
     def _load(self) -> Any:
         if self._engine is None:
@@ -201,10 +211,6 @@ class RapidOcrEngine:
             _normalise_in_float32(engine)
             keep_large_buffers()
             self._engine = engine
-            import rapidocr
-
-            models = sorted(p.stem for p in (Path(str(rapidocr.__file__)).parent / "models").glob("*.onnx"))
-            self.model = "+".join(models) or "PP-OCR"
         return self._engine
 
     def recognise(self, image: np.ndarray, *, classify_lines: bool = True) -> OcrResult:

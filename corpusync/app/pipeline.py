@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from corpusync.adapters.embedders import FlagEmbedder, preload_libraries
 from corpusync.adapters.embedding import Embedder
+from corpusync.app import pruning
 from corpusync.app.runtime import RefreshContext
 from corpusync.core import lexical, progress
 from corpusync.core.errors import EvalGateFailed
@@ -302,5 +303,5 @@ def step_publish(ctx: RefreshContext, generation: int | None) -> None:
 
 def step_prune(ctx: RefreshContext) -> None:
     with ctx.timed("prune"):
-        result = generations.prune(ctx.conn, ctx.settings.retention_generations, ctx.settings.vector_cache_ttl_h)
+        result = pruning.prune(ctx.conn, ctx.settings)
     ctx.summary.chunks.pruned = result["chunks"]

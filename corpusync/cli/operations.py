@@ -27,17 +27,17 @@ def rollback() -> None:
 @app.command()
 def prune() -> None:
     """Delete rows that fell out of the retention window (a refresh does this too)."""
+    from corpusync.app.pruning import prune as do_prune
     from corpusync.app.runtime import acquire_writer_lock
     from corpusync.store.db import open_database
-    from corpusync.store.generations import prune as do_prune
 
     settings = load_settings()
     with open_database(settings) as conn:
         acquire_writer_lock(conn, settings.lock_timeout_s)
-        result = do_prune(conn, settings.retention_generations, settings.vector_cache_ttl_h)
+        result = do_prune(conn, settings)
     typer.echo(f"pruned {result['versions']} versions ({result['chunks']} chunks) and "
-               f"{result['documents']} documents, {result.get('cached_vectors', 0)} cached vectors; oldest retained "
-               f"generation {result['oldest_retained']}")
+               f"{result['documents']} documents, {result['cached_vectors']} cached vectors, "
+               f"{result['ocr_readings']} OCR readings; oldest retained generation {result['oldest_retained']}")
 
 
 @app.command()

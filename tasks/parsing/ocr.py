@@ -3,16 +3,19 @@ PDF parser calls _ocr_paragraphs through this module, so one seam sees every pag
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corpusync.core.errors import ConfigError, OcrError, ParseError
 from schemas.records import Block, ParsedDocument, ParseOptions, SourceFile
-from tasks.parsing.common import clean_text
+from tasks.parsing.common import PARSE_LOGIC_VERSION, clean_text
 from tasks.parsing.layout import MARGIN_BAND, PageBlock
 from tasks.parsing.limits import MAX_PIXELS
 
 if TYPE_CHECKING:
-    from corpusync.adapters.ocr import OcrEngine
+    import numpy as np
+
+    from corpusync.adapters.ocr import OcrEngine, OcrResult
 
 
 def _render(page: object, dpi: int) -> object:
@@ -28,15 +31,33 @@ def _ocr_engine(options: ParseOptions) -> OcrEngine | None:
     return build_ocr_engine(options.ocr_engine, options.ocr_model_dir)
 
 
+def _read_page(engine: OcrEngine, image: np.ndarray, options: ParseOptions) -> OcrResult:
+    """recognise_page, through the OCR cache when there is one (options.ocr_cache_dir): a page image read
+    before by the same engine, models and logic is not read again."""
+    from corpusync.adapters.ocr import recognise_page
+
+    if not options.ocr_cache_dir:
+        return recognise_page(engine, image)
+    from corpusync.adapters.ocr_cache import OcrPageCache, page_key
+
+    cache = OcrPageCache(Path(options.ocr_cache_dir))
+    key = page_key(engine, image, PARSE_LOGIC_VERSION)
+    result = cache.get(key)
+    if result is None:
+        result = recognise_page(engine, image)
+        cache.put(key, result)
+    return result
+
+
 def _ocr_paragraphs(image: object, page_no: int | None, options: ParseOptions, reason: str,
                     record: list[dict]) -> list[PageBlock]:
     """OCR one page image: its paragraphs, margin-band ones with their position (see PageBlock)."""
-    from corpusync.adapters.ocr import fit_to_engine, paragraphs_with_extent, recognise_page
+    from corpusync.adapters.ocr import fit_to_engine, paragraphs_with_extent
 
     engine = _ocr_engine(options)
     assert engine is not None
     image = fit_to_engine(engine, image)  # type: ignore[arg-type]
-    result = recognise_page(engine, image)
+    result = _read_page(engine, image, options)
     conf = result.confidence
     record.append({"page": page_no, "reason": reason, "engine": f"{engine.name} {engine.version}",
                    "model": result.model, "confidence": round(conf, 4), "lines": len(result.lines),

@@ -1,0 +1,19 @@
+"""Pruning as every caller runs it (a refresh, `corpusync prune`, the prune flow): the database's retention
+window and vector cache (corpusync.store.generations.prune), then the OCR readings on disk not used for
+CORPUSYNC_VECTOR_CACHE_TTL_H hours."""
+
+from __future__ import annotations
+
+import psycopg
+
+from corpusync.adapters.ocr_cache import prune_ocr_cache
+from corpusync.store import generations
+from schemas.settings import Settings
+
+
+def prune(conn: psycopg.Connection, settings: Settings) -> dict[str, int]:
+    """The numbers of versions, chunks, documents, cached vectors and OCR readings deleted, and the oldest
+    generation retained."""
+    result = generations.prune(conn, settings.retention_generations, settings.vector_cache_ttl_h)
+    result["ocr_readings"] = prune_ocr_cache(settings.ocr_cache_dir, settings.vector_cache_ttl_h)
+    return result
