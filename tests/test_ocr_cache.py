@@ -5,6 +5,7 @@ under another name (the engine made to fail proves it), in process and through t
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
@@ -43,6 +44,19 @@ def test_a_reading_round_trips_and_a_damaged_one_is_a_miss(tmp_path: Path) -> No
     assert not (tmp_path / "ab" / f"{'ab' * 32}.json").exists()  # removed: the next reading is kept anew
 
 
+def test_a_cache_that_cannot_be_written_warns_once_and_parsing_goes_on(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    cache = OcrPageCache(tmp_path / "file")
+    reading = OcrResult([OcrLine("x", 1.0, (0, 0, 1, 1))], "e", "m")
+    with caplog.at_level(logging.WARNING, logger="corpusync.adapters.ocr_cache"):
+        cache.put("aa" + "0" * 62, reading)
+        cache.put("bb" + "0" * 62, reading)
+    warned = [r.getMessage().split(" (")[0] for r in caplog.records]
+    assert warned == [f"cannot keep OCR readings in {tmp_path / 'file'}"]
+    assert cache.get("aa" + "0" * 62) is None
+
+
 def test_readings_not_used_for_the_ttl_are_pruned(tmp_path: Path) -> None:
     cache = OcrPageCache(tmp_path)
     reading = OcrResult([OcrLine("x", 1.0, (0, 0, 1, 1))], "e", "m")
@@ -54,6 +68,10 @@ def test_readings_not_used_for_the_ttl_are_pruned(tmp_path: Path) -> None:
     assert cache.get("aa" + "0" * 62) == reading  # a hit is a use
     assert prune_ocr_cache(tmp_path, ttl_h=5) == 1
     assert [p.name[:2] for p in tmp_path.glob("*/*.json")] == ["aa"]
+    # a refresh's pruning walks the cache at most every_s seconds
+    later = time.time() + 6 * 3600
+    assert prune_ocr_cache(tmp_path, ttl_h=5, now=later, every_s=7 * 3600) == 0
+    assert prune_ocr_cache(tmp_path, ttl_h=5, now=later + 7 * 3600, every_s=7 * 3600) == 1
     assert prune_ocr_cache(tmp_path / "absent", ttl_h=5) == 0
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # of the files; part of the key
+_unwritable: set[Path] = set()
 
 
 def page_key(engine: OcrEngine, image: np.ndarray, logic: str) -> str:
@@ -59,12 +60,14 @@ class OcrPageCache:
             raw = json.loads(path.read_bytes())
             result = OcrResult([OcrLine(t, s, (b[0], b[1], b[2], b[3])) for t, s, b in raw["lines"]],
                                raw["engine"], raw["model"], raw["rotation"])
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            log.warning("OCR cache file %s does not read back (%s); it is removed and the page read again",
-                        path, exc)
-            path.unlink(missing_ok=True)
+            log.warning("OCR cache file %s does not read back (%s); the page is read again", path, exc)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
             return None
         try:
             os.utime(path)  # used: pruning goes by the last use
@@ -87,15 +90,33 @@ class OcrPageCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:
-            log.warning("cannot keep an OCR reading in %s (%s); the parse goes on without it", self.root, exc)
+            if self.root not in _unwritable:  # once per process: not a line for every page of a scan
+                _unwritable.add(self.root)
+                log.warning("cannot keep OCR readings in %s (%s); parsing goes on without the OCR cache",
+                            self.root, exc)
 
 
-def prune_ocr_cache(root: Path, ttl_h: float, now: float | None = None) -> int:
+def prune_ocr_cache(root: Path, ttl_h: float, now: float | None = None, *, every_s: float = 0.0) -> int:
     """Remove the readings not used in the last `ttl_h` hours (and temporary files a killed writer left);
-    the number removed."""
+    the number removed. With `every_s`, nothing is done if the last pruning is more recent than that: a
+    refresh prunes on every run, the no-change one too, and a cache of a large scanned corpus is a stat()
+    per page."""
     if not root.is_dir():
         return 0
-    cutoff = (time.time() if now is None else now) - ttl_h * 3600
+    now = time.time() if now is None else now
+    marker = root / ".pruned"  # its mtime: the last pruning
+    if every_s > 0:
+        try:
+            if now - marker.stat().st_mtime < every_s:
+                return 0
+        except OSError:  # never pruned
+            pass
+    try:
+        marker.touch()
+        os.utime(marker, (now, now))
+    except OSError:
+        pass
+    cutoff = now - ttl_h * 3600
     removed = 0
     for path in root.glob("*/*"):
         try:

@@ -303,5 +303,5 @@ def step_publish(ctx: RefreshContext, generation: int | None) -> None:
 
 def step_prune(ctx: RefreshContext) -> None:
     with ctx.timed("prune"):
-        result = pruning.prune(ctx.conn, ctx.settings)
+        result = pruning.prune(ctx.conn, ctx.settings, ocr_every_s=pruning.REFRESH_OCR_PRUNE_EVERY_S)
     ctx.summary.chunks.pruned = result["chunks"]

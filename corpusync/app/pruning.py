@@ -10,10 +10,13 @@ from corpusync.adapters.ocr_cache import prune_ocr_cache
 from corpusync.store import generations
 from schemas.settings import Settings
 
+REFRESH_OCR_PRUNE_EVERY_S = 3600.0  # a refresh walks the OCR cache at most this often (corpusync prune: always)
 
-def prune(conn: psycopg.Connection, settings: Settings) -> dict[str, int]:
+
+def prune(conn: psycopg.Connection, settings: Settings, *, ocr_every_s: float = 0.0) -> dict[str, int]:
     """The numbers of versions, chunks, documents, cached vectors and OCR readings deleted, and the oldest
-    generation retained."""
+    generation retained. `ocr_every_s`: leave the OCR cache alone if it was pruned more recently than that."""
     result = generations.prune(conn, settings.retention_generations, settings.vector_cache_ttl_h)
-    result["ocr_readings"] = prune_ocr_cache(settings.ocr_cache_dir, settings.vector_cache_ttl_h)
+    result["ocr_readings"] = prune_ocr_cache(settings.ocr_cache_dir, settings.vector_cache_ttl_h,
+                                             every_s=ocr_every_s)
     return result
