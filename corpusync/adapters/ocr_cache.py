@@ -122,7 +122,7 @@ def prune_ocr_cache(root: Path, ttl_h: float, now: float | None = None, *, every
         try:
             if path.stat().st_mtime < cutoff:
                 path.unlink()
-                removed += 1
+                removed += path.suffix == ".json"  # readings; a killed writer's temporary files go uncounted
         except OSError:  # removed meanwhile
             continue
     return removed
