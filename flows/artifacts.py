@@ -31,6 +31,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "| | " + " | ".join(str(c.get(k, 0)) for k in
                                  ("embedded", "reused", "inserted", "retired", "pruned")) + " |", ""]
     timings = summary.get("timings") or {}
+    if summary.get("elapsed_s"):
+        lines += [f"Run time {summary['elapsed_s']:.2f} s" + ("; the stage times overlap (one batch is embedded "
+                                                              "while the next is parsed)." if timings else "."), ""]
     if timings:
         lines += ["| stage | seconds |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in timings.items()] + [""]
     quarantined = summary.get("quarantined") or []

@@ -48,6 +48,7 @@ def test_prefect_shows_summary_evaluation_logs_and_tags(  # type: ignore[no-unty
     view = _view(_flow_run_of(conn, first["run_id"]))
     summary = view["artifacts"]["corpusync-run-summary"].data
     assert f"run {first['run_id']}: published" in summary and "empty.txt" in summary and "| empty |" in summary
+    assert f"Run time {first['elapsed_s']:.2f} s; the stage times overlap" in summary and first["elapsed_s"] > 0
     assert "corpusync-evaluation" in view["artifacts"]
     assert any("empty.txt" in m and "empty" in m for m in view["logs"]), "corpusync's log records are in the run"
     tags = set(view["run"].tags)

@@ -149,8 +149,9 @@ def _free_port() -> int:
     import random
     import socket
 
+    pick = random.SystemRandom()  # not the global generator: an application's (or Hypothesis's) seeded state
     for _ in range(20):
-        port = random.randrange(8000, 9000)
+        port = pick.randrange(8000, 9000)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
