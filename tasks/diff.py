@@ -112,6 +112,7 @@ def diff(
     retry: RetryPolicy | None = None,
     now: datetime | None = None,
     stage_fingerprints: Mapping[str, str] | None = None,
+    unreadable: Collection[str] = (),
 ) -> DiffPlan:
     """Classify every file as new, changed, unchanged or deleted.
 
@@ -127,6 +128,9 @@ def diff(
     settings and logic), the fingerprint its quarantine records were written with; a record of that stage is
     tried again when it differs (a looser threshold, validation off, a fixed check), without the live
     documents counting as changed.
+
+    `unreadable`: paths discover found but could not read or rejected; their live documents are not deleted
+    (bad input never removes a document), so neither are they renamed.
     """
     quarantined = quarantined or {}
     by_stage = stage_fingerprints or {}
@@ -157,7 +161,7 @@ def diff(
             plan.new.append(f)
         else:
             plan.changed.append((f, current))
-    plan.deleted = [v for p, v in sorted(live_by_path.items()) if p not in seen]
+    plan.deleted = [v for p, v in sorted(live_by_path.items()) if p not in seen and p not in unreadable]
     plan.renamed = renames(plan.deleted, plan.new)
     return plan
 

@@ -122,6 +122,11 @@ def test_renames_pair_copies_one_to_one_by_their_paths() -> None:
         ("a/x.md", "old/a/x.md"), ("b/x.md", "old/b/x.md"), ("b/y.md", "old/b/y.md")]
     assert sorted(f.path for f in plan.added) == ["lone.md", "old/b/z.md"]
     assert [v.path for v in plan.removed] == ["gone.md"]
+    # a live path discover could not read is neither deleted nor renamed, so its copy is free for a real move
+    locked = diff([_src("new/x.md", "S")], [_live("a/x.md", files[0].sha256, doc_id=1),
+                                             _live("b/x.md", files[0].sha256, doc_id=2)], "fp", unreadable={"a/x.md"})
+    assert [(old.path, new.path) for old, new in locked.renamed] == [("b/x.md", "new/x.md")]
+    assert locked.deleted == [locked.renamed[0][0]] and not locked.removed
 
 
 def test_clean_text_normalises() -> None:

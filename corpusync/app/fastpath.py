@@ -47,10 +47,9 @@ def looks_unchanged(settings: Settings, source: Path) -> tuple[bool, pipeline.Di
         configured = _Configured(settings)
         plan = diff(files, versions.live_versions(conn, published), pipeline.pipeline_fingerprint(configured),
                     versions.latest_quarantine(conn), retry=RetryPolicy.from_settings(settings),
-                    stage_fingerprints=pipeline.stage_fingerprints(configured))
-    unreadable = {p.path for p in problems}
-    unchanged = not (plan.new or plan.changed or plan.to_process
-                     or any(v.path not in unreadable for v in plan.deleted))
+                    stage_fingerprints=pipeline.stage_fingerprints(configured),
+                    unreadable={p.path for p in problems})
+    unchanged = not (plan.new or plan.changed or plan.to_process or plan.deleted)
     return unchanged, pipeline.Discovered(files, problems)
 
 

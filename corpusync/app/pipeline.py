@@ -132,16 +132,14 @@ def step_diff(ctx: RefreshContext, found: Discovered) -> DiffPlan:
         quarantined = versions.latest_quarantine(ctx.conn)
         files = found.files
         unsupported = [f for f in files if not parse_stage.supported(f.path)]
+        # unreadable files are not deletions: their live version stays (bad input never removes a document)
+        unreadable = {p.path for p in found.problems}
         plan = diff(files, live, fp, quarantined, retry=RetryPolicy.from_settings(ctx.settings),
-                    stage_fingerprints=stage_fingerprints(ctx))
+                    stage_fingerprints=stage_fingerprints(ctx), unreadable=unreadable)
         if ctx.reembed:  # everything again, even with the model unchanged (the help's promise)
             by_path = {f.path: f for f in files}
             plan.changed += [(by_path[v.path], v) for v in plan.unchanged if v.path in by_path]
             plan.unchanged = [v for v in plan.unchanged if v.path not in by_path]
-        # Unreadable files are not deletions: keep their live version (bad input never removes a document).
-        unreadable = {p.path for p in found.problems}
-        plan.deleted = [v for v in plan.deleted if v.path not in unreadable]
-        plan.renamed = [(old, new) for old, new in plan.renamed if old.path not in unreadable]
         d = ctx.summary.documents  # booked first: a refusal below reports what it refused
         # a rename is counted once, as renamed (it is processed as a delete plus a new document)
         d.new, d.changed, d.unchanged = len(plan.added), len(plan.changed), len(plan.unchanged)
