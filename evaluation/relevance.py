@@ -19,7 +19,7 @@ empty unit: a miss.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
@@ -86,6 +86,34 @@ def resolve_documents(refs: Iterable[str], paths: Iterable[str]) -> dict[str, li
     for ref in refs:
         cands = by_stem.get(_stem(ref), []) + by_stem.get(_stem(PurePosixPath(ref).name), [])
         out[ref] = sorted({p for p in cands if doc_matches(ref, p)})
+    return out
+
+
+def follow_renames(docs: Mapping[str, list[str]], renames: Sequence[tuple[str, str]],
+                   present: Collection[str]) -> dict[str, list[str]]:
+    """The references that name no document of a generation, followed through the renames of its lineage
+    (old path, new path; oldest first): reference -> the paths of the generation its document moved to. A
+    rename of a renamed document is followed on, a rename that happened before the document got there is
+    not. A reference that names a document of its own is not followed: the path is a document's identity."""
+    by_old: dict[str, list[tuple[int, str]]] = {}
+    for i, (old, new) in enumerate(renames):
+        by_old.setdefault(old, []).append((i, new))
+    missing = [ref for ref, paths in docs.items() if not paths]
+    out: dict[str, list[str]] = {}
+    for ref, starts in resolve_documents(missing, by_old).items():
+        reached: set[str] = set()
+        todo = [(path, -1) for path in starts]
+        seen: set[tuple[str, int]] = set()
+        while todo:
+            path, after = todo.pop()
+            for i, new in by_old.get(path, ()):
+                if i > after and (new, i) not in seen:
+                    seen.add((new, i))
+                    reached.add(new)
+                    todo.append((new, i))
+        found = sorted(reached.intersection(present))
+        if found:
+            out[ref] = found
     return out
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from corpusync.adapters.embedding import Embedder, EmbeddingOutput
 from corpusync.core.errors import ConfigError
@@ -62,8 +62,12 @@ class Searcher(Protocol):
 REPORT_TITLE = "# corpusync evaluation\n\n"
 __all__ = ["GateOutcome", "score_generation"]
 
-# A generation's view of a gold set: gold reference -> its document paths there, and path -> its chunks.
-GoldChunks = tuple[dict[str, list[str]], dict[str, list[ChunkRef]]]
+class GoldChunks(NamedTuple):
+    """A generation's view of a gold set (corpusync.app.evaluating.gold_chunks reads it)."""
+
+    docs: dict[str, list[str]]  # gold reference -> its document paths in the generation
+    chunks: dict[str, list[ChunkRef]]  # path -> its chunks, in document order
+    followed: Mapping[str, list[str]] = {}  # the references found only through renames -> their new paths
 
 
 @dataclass
@@ -147,9 +151,23 @@ def _search(searcher: Searcher, text: str, mode: str, generation: int, vector: A
                            query_vector=vector)
 
 
-def gold_documents(goldset: GoldSet, paths: Iterable[str]) -> dict[str, list[str]]:
-    """Each document reference of the gold set's questions -> the paths of a generation it names."""
-    return rel.resolve_documents({ref for q in goldset.questions for ref in q.gold_documents}, paths)
+def gold_documents(goldset: GoldSet, paths: Iterable[str], renames: Sequence[tuple[str, str]] = (),
+                   ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each document reference of the gold set's questions -> the paths of a generation it names, directly or
+    through the renames of the generation's lineage (old path, new path; oldest first); and the references
+    found only through renames (evaluation.relevance.follow_renames)."""
+    present = list(paths)
+    docs = rel.resolve_documents({ref for q in goldset.questions for ref in q.gold_documents}, present)
+    followed = rel.follow_renames(docs, renames, set(present))
+    return docs | followed, followed
+
+
+def renamed_note(followed: Mapping[str, list[str]], shown: int = 3) -> str:
+    """The evaluation's note on gold references found under another path."""
+    pairs = [f"{ref} -> {', '.join(paths)}" for ref, paths in sorted(followed.items())]
+    more = f"; and {len(pairs) - shown} more" if len(pairs) > shown else ""
+    return (f"{len(pairs)} gold document reference(s) followed to where the document was renamed or moved: "
+            + "; ".join(pairs[:shown]) + more)
 
 
 def wanted_paths(docs: Mapping[str, Iterable[str]]) -> list[str]:
@@ -162,7 +180,9 @@ def score_generation(settings: Settings, searcher: Searcher, goldset: GoldSet, g
     """Run every question of `goldset` against `generation` in each configured mode and score it. `gold`: the
     generation's documents and chunks for the gold references (corpusync.app.evaluating.gold_chunks)."""
     modes, notes = plan_modes(settings)
-    docs, by_path = gold
+    docs, by_path = gold.docs, gold.chunks
+    if gold.followed:
+        notes.append(renamed_note(gold.followed))
     questions = goldset.questions
     needs_dense = any(m != "lexical" for m in modes) and bool(questions)
     vectors: Any = (embed_questions(searcher.embedder, [q.question for q in questions], settings.embed_batch_tokens)

@@ -57,7 +57,7 @@ def question_candidates(settings: Settings, searcher: Searcher, goldset: GoldSet
     the generation's documents and chunks for the gold references (corpusync.app.evaluating.gold_chunks)."""
     from tasks.evaluate import K_RETRIEVE, embed_questions
 
-    docs, by_path = gold
+    docs, by_path = gold.docs, gold.chunks
     questions = goldset.questions
     vectors = embed_questions(searcher.embedder, [q.question for q in questions],  # as the evaluation does
                               settings.embed_batch_tokens)

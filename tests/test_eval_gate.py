@@ -106,3 +106,54 @@ def test_eval_errors_exit_2(prefect_harness, env, corpus: Path, monkeypatch: pyt
     monkeypatch.setenv("CORPUSYNC_GOLDSETS", "[]")
     assert main(["eval"]) == 2
     assert "no gold set" in capsys.readouterr().err
+
+
+def test_a_renamed_gold_document_is_followed(  # type: ignore[no-untyped-def]
+        prefect_harness, lingering_model, env, corpus: Path, conn, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Renaming or moving a gold document is not a miss: evaluation follows the renames of the generation's
+    lineage. (It scored as an empty unit: recall fell, and the gate could refuse a refresh that changed no
+    content.) A refused candidate's renames are no later generation's history."""
+    from corpusync.store.evaluations import lineage_renames
+
+    assert main(["refresh", str(corpus), "--json"]) == 0
+    (ev1,) = json.loads(capsys.readouterr().out)["evaluation"]
+    assert ev1["missing_questions"] == 0
+
+    # generation 2: two gold documents renamed, neither findable by its old name (nor by its trailing segments)
+    (corpus / "archive").mkdir()
+    (corpus / "en" / "Normans.md").rename(corpus / "archive" / "normans-2016.md")
+    (corpus / "zh" / "DEV_0.txt").rename(corpus / "archive" / "cmrc-0.txt")
+    assert main(["refresh", str(corpus), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (ev2,) = out["evaluation"]
+    assert out["published"] and out["documents"]["renamed"] == 2 and ev2["passed"]
+    assert ev2["missing_questions"] == 0
+    for metric in ("recall@5", "mrr@10"):
+        assert ev2["metrics"]["hybrid"][metric] == pytest.approx(ev1["metrics"]["hybrid"][metric])
+    (note,) = [n for n in ev2["notes"] if "renamed or moved" in n]
+    assert note.startswith("2 gold document reference(s)") and "en/Normans.md -> archive/normans-2016.md" in note
+    assert "renamed or moved" in Path(ev2["report"]).read_text()
+
+    # generation 3: moved on again, followed through generation 2's rename and its own
+    (corpus / "old").mkdir()
+    (corpus / "archive" / "normans-2016.md").rename(corpus / "old" / "n.md")
+    assert main(["refresh", str(corpus), "--json"]) == 0
+    (ev3,) = json.loads(capsys.readouterr().out)["evaluation"]
+    assert ev3["passed"] and ev3["missing_questions"] == 0
+    assert conn.execute("SELECT generation, from_path, to_path FROM corpusync.document_renames "
+                        "ORDER BY generation, from_path").fetchall() == [
+        (2, "en/Normans.md", "archive/normans-2016.md"), (2, "zh/DEV_0.txt", "archive/cmrc-0.txt"),
+        (3, "archive/normans-2016.md", "old/n.md")]
+
+    # generation 4 moves it once more and is refused (a scrambling parser): the next candidate's lineage has
+    # generations 2 and 3's renames, not generation 4's
+    (corpus / "old" / "n.md").rename(corpus / "n.md")
+    scramble_parses(monkeypatch)
+    assert main(["refresh", str(corpus)]) == 1
+    capsys.readouterr()
+    assert conn.execute("SELECT status FROM corpusync.generations WHERE generation = 4").fetchone()[0] == "refused"
+    assert (4, "old/n.md", "n.md") in conn.execute("SELECT generation, from_path, to_path "
+                                                    "FROM corpusync.document_renames").fetchall()
+    assert lineage_renames(conn, 5) == [("en/Normans.md", "archive/normans-2016.md"),
+                                        ("zh/DEV_0.txt", "archive/cmrc-0.txt"),
+                                        ("archive/normans-2016.md", "old/n.md")]

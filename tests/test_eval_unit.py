@@ -28,6 +28,7 @@ from evaluation.ragas_eval import RagasSample, ragas_scores
 from evaluation.report import describe_gold, markdown
 from schemas.eval import Evaluation, GoldQuestion, GoldRef, GoldSet, QuestionResult
 from schemas.settings import Settings
+from tasks import evaluate as ev
 from tests.conftest import REPO, TEST_DATA, USING_SHARED_DATA
 
 GOLDSETS = TEST_DATA / "goldsets"
@@ -118,6 +119,29 @@ def test_relevance_rules() -> None:
     assert rel.relevant_chunks(q_p, {"a.md": ["a.md"]}, chunks).units[0] == {1, 2}
     # normalisation: full-width, case and line breaks do not matter
     assert rel.normalise("ＨＴ2023-0876\n合同") == "ht2023-0876合同"
+
+
+def test_gold_references_follow_renames_of_the_lineage() -> None:
+    # a reference by name alone ("label") already finds archive/label.pdf by its trailing segments
+    present = {"archive/label.pdf", "b/new.md", "x.md", "c/z.md"}
+    renames = [("scans/label.pdf", "old/label.pdf"), ("old/label.pdf", "archive/label.pdf"),  # moved twice
+               ("b/z.md", "c/z.md"),  # before y.md came to b/z.md: not where y.md went
+               ("a/y.md", "b/z.md"),
+               ("x.md", "x2.md"),  # x.md came back later: the path names its own document
+               ("gone.md", "g2.md")]  # renamed, then deleted
+    docs = rel.resolve_documents(["scans/label.pdf", "a/y.md", "x.md", "gone.md", "never.md"], present)
+    assert docs["x.md"] == ["x.md"] and docs["scans/label.pdf"] == []
+    assert rel.follow_renames(docs, renames, present) == {"scans/label.pdf": ["archive/label.pdf"]}
+    # y.md moved to b/z.md, which is not in this generation; had it been, it would be followed there only
+    assert rel.follow_renames(docs, renames, present | {"b/z.md"}) == {"scans/label.pdf": ["archive/label.pdf"],
+                                                                       "a/y.md": ["b/z.md"]}
+    goldset = GoldSet(name="g", source="g.jsonl",
+                      questions=[GoldQuestion(id="1", question="?", gold_documents=["scans/label.pdf", "x.md"])])
+    found, followed = ev.gold_documents(goldset, sorted(present), renames)
+    assert found == {"scans/label.pdf": ["archive/label.pdf"], "x.md": ["x.md"]}
+    assert followed == {"scans/label.pdf": ["archive/label.pdf"]}
+    assert "scans/label.pdf -> archive/label.pdf" in ev.renamed_note(followed)
+    assert ev.gold_documents(goldset, sorted(present)) == ({"scans/label.pdf": [], "x.md": ["x.md"]}, {})
 
 
 def test_alternatives_count_once_in_recall_mrr_and_ndcg() -> None:

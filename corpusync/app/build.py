@@ -367,4 +367,7 @@ def _retire(ctx: RefreshContext, plan: DiffPlan) -> int | None:
                      if v.path not in ctx.loaded_paths]
             deleted = sorted(set(deleted) | set(stale))
         ctx.summary.chunks.retired += versions.retire(ctx.conn, deleted, generation)
+        # a rename whose new path failed to parse left nothing to follow: the document is only gone
+        versions.record_renames(ctx.conn, generation, ctx.run_id, [(old.path, new.path) for old, new in plan.renamed
+                                                                    if new.path in ctx.loaded_paths])
     return generation

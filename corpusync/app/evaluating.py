@@ -28,9 +28,11 @@ __all__ = ["GateOutcome", "evaluate_and_gate", "evaluate_generation", "find_base
 
 
 def gold_chunks(conn: psycopg.Connection, goldset: GoldSet, generation: int) -> GoldChunks:
-    """The generation's documents for each gold reference, and their chunks by path."""
-    docs = ev_stage.gold_documents(goldset, evaluations.generation_paths(conn, generation))
-    return docs, evaluations.gold_chunks(conn, generation, ev_stage.wanted_paths(docs))
+    """The generation's documents for each gold reference (followed through renames where the reference names
+    none), and their chunks by path."""
+    docs, followed = ev_stage.gold_documents(goldset, evaluations.generation_paths(conn, generation),
+                                             evaluations.lineage_renames(conn, generation))
+    return GoldChunks(docs, evaluations.gold_chunks(conn, generation, ev_stage.wanted_paths(docs)), followed)
 
 
 def evaluate_generation(settings: Settings, conn: psycopg.Connection, searcher: Searcher, goldset: GoldSet,

@@ -18,6 +18,11 @@ def generation_paths(conn: psycopg.Connection, generation: int) -> list[str]:
     return [r["path"] for r in db.fetch_all(conn, "generation_documents", {"generation": generation})]
 
 
+def lineage_renames(conn: psycopg.Connection, generation: int) -> list[tuple[str, str]]:
+    """The renames (old path, new path) in a generation's lineage, oldest first (sql/queries/lineage_renames.sql)."""
+    return [(r["from_path"], r["to_path"]) for r in db.fetch_all(conn, "lineage_renames", {"generation": generation})]
+
+
 def gold_chunks(conn: psycopg.Connection, generation: int, paths: Sequence[str]) -> dict[str, list[ChunkRef]]:
     """The chunks of these documents in a generation, by path, in document order."""
     by_path: dict[str, list[ChunkRef]] = {}

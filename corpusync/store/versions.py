@@ -135,6 +135,14 @@ def retire(conn: psycopg.Connection, version_ids: Sequence[int], generation: int
     return sum(r["chunk_count"] for r in rows)
 
 
+def record_renames(conn: psycopg.Connection, generation: int, run_id: int, pairs: Sequence[tuple[str, str]]) -> None:
+    """The renames (old path, new path) the candidate `generation` was built with (evaluation follows them)."""
+    if pairs:
+        with conn.transaction():
+            db.execute(conn, "insert_renames", {"generation": generation, "run_id": run_id,
+                                                "from_paths": [a for a, _ in pairs], "to_paths": [b for _, b in pairs]})
+
+
 def load_documents(
     conn: psycopg.Connection,
     docs: Sequence[EmbeddedDocument],
