@@ -242,7 +242,7 @@ class Settings(BaseSettings):
     ocr_cache: bool = Field(
         True,
         description="Keep each page's OCR reading under <home>/ocr-cache, keyed by the page image and the engine, "
-        "its models and the parse logic: a scan renamed, moved, or left over by a killed or refused run is not "
+        "its models and the OCR reading logic: a scan renamed, moved, or left over by a killed or refused run is not "
         "read again. Prune removes readings not used for CORPUSYNC_VECTOR_CACHE_TTL_H hours.",
     )
     pdf_tables: bool = Field(

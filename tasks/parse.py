@@ -124,7 +124,7 @@ def parse_document(src: SourceFile, options: ParseOptions) -> ParsedDocument:
 # Metadata the parser records, which validation and audits trust: a sidecar cannot set these, even where the
 # parser recorded nothing (a sidecar's "ocr_pages" on a text PDF would be read as OCR results).
 PARSER_METADATA_KEYS = frozenset({"pages_without_text", "blank_pages", "ocr_pages", "low_confidence_pages",
-                                  "ocr_skipped_pages", "sidecar_conflicts"})
+                                  "ocr_skipped_pages", "sidecar_conflicts", "pictures"})
 
 
 def merge_sidecar(doc: ParsedDocument, user: dict[str, Any]) -> None:

@@ -86,6 +86,10 @@ def _count_pages(src: SourceFile) -> tuple[str | None, int | None]:
 
             with Image.open(src.abs_path) as image:
                 pages = int(getattr(image, "n_frames", 1))
+        elif src.size <= _WORKER["options"].max_bytes and suffix in (".docx", ".pptx"):
+            from tasks.parsing.office_pictures import count_pictures
+
+            pages = count_pictures(src.abs_path)
     except Exception:  # a file that does not open is the parse's to report
         pages = None
     return _WORKER["problem"], pages

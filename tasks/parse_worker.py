@@ -70,7 +70,7 @@ PARSE_AT_ONCE_PAGES = 16
 STALL_GRACE_S = 300.0  # past every deadline in flight plus this, with nothing finished: the pool lost a task
 POOL_BREAKS_PER_FILE = 3  # a file in flight when the pool broke this often is parsed alone
 ORPHAN_CHECK_S = 2.0  # how often the pool looks for documents left running on a dead worker
-PAGED = (".pdf", ".tif", ".tiff")
+PAGED = (".pdf", ".tif", ".tiff", ".docx", ".pptx")  # pages, or pictures OCR may read (office_pictures)
 UNSTRUCTURED = (".md", ".markdown", ".html", ".htm", ".docx", ".pptx", ".xlsx", ".doc", ".ppt", ".xls")
 
 

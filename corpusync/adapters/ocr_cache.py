@@ -1,5 +1,5 @@
 """OCR readings kept on disk, keyed by the page image's pixels and by what reads them (engine, version,
-models, parameters, the parse logic's version): OCR is the dearest step of a parse (seconds a page), and
+models, parameters, the OCR reading logic's version): OCR is the dearest step of a parse (seconds a page), and
 without it a refresh killed mid-way, a candidate the gate refused, a renamed or moved scan, or the same
 scanned page in two files would be read again. The pixels are the key, so a hit is the reading OCR would
 give (the render is deterministic) whatever file, path or run the page came from.

@@ -10,7 +10,12 @@ from importlib import metadata
 from corpusync.core.unicode_text import CJK
 
 # Bump when the parse/clean output for the same input changes: documents are re-processed.
-PARSE_LOGIC_VERSION = "10"
+PARSE_LOGIC_VERSION = "11"
+# The OCR cache's key takes this instead: a reading depends on the page image (in the key) and on how
+# corpusync.adapters.ocr.recognise_page reads it, not on the rest of the parse, so a parse logic change does
+# not discard readings. Bump when recognise_page's result for the same pixels changes. ("10" is the parse
+# logic version the key took before it had its own: caches written then stay valid.)
+OCR_READ_VERSION = "10"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")

@@ -44,6 +44,8 @@ def _blocks_from_elements(elements: list) -> list[Block]:
             blocks.append(Block("title", text, page, level=int(depth) + 1))
         elif kind == "ListItem":
             blocks.append(Block("list", text, page))
+        elif kind == "OcrText":  # read by OCR in a picture (tasks/parsing/office_pictures.py)
+            blocks.append(Block("ocr", text, page))
         else:
             blocks.append(Block("text", text, page))
     return blocks

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from corpusync.core.errors import ConfigError, OcrError, ParseError
 from schemas.records import Block, ParsedDocument, ParseOptions, SourceFile
-from tasks.parsing.common import PARSE_LOGIC_VERSION, clean_text
+from tasks.parsing.common import OCR_READ_VERSION, clean_text
 from tasks.parsing.layout import MARGIN_BAND, PageBlock
 from tasks.parsing.limits import MAX_PIXELS
 
@@ -41,7 +41,7 @@ def _read_page(engine: OcrEngine, image: np.ndarray, options: ParseOptions) -> O
     from corpusync.adapters.ocr_cache import OcrPageCache, page_key
 
     cache = OcrPageCache(Path(options.ocr_cache_dir))
-    key = page_key(engine, image, PARSE_LOGIC_VERSION)
+    key = page_key(engine, image, OCR_READ_VERSION)
     result = cache.get(key)
     if result is None:
         result = recognise_page(engine, image)

@@ -1,5 +1,6 @@
-"""DOCX, PPTX and XLSX through `unstructured`, after the zip-bomb check; legacy .doc/.xls/.ppt converted with
-LibreOffice first when it is installed."""
+"""DOCX, PPTX and XLSX through `unstructured`, after the zip-bomb check, their pictures read by OCR in place
+(tasks/parsing/office_pictures.py); legacy .doc/.xls/.ppt converted with LibreOffice first when it is
+installed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from schemas.records import ParsedDocument, ParseOptions, SourceFile
 from tasks.parsing.common import _version
 from tasks.parsing.limits import check_container
 from tasks.parsing.markup import _blocks_from_elements, _unstructured_ready
+from tasks.parsing.office_pictures import PictureReading, reading_pictures
 
 _OFFICE = {".docx": ("docx", "partition_docx",
                      "application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
@@ -39,14 +41,35 @@ def _parse_office(src: SourceFile, data: bytes, options: ParseOptions) -> Parsed
     if module == "docx":
         _no_narrative_heuristic(partitioner)
     partition = getattr(partitioner, func)
-    try:
-        elements = partition(file=io.BytesIO(data))
-    except Exception as exc:
-        raise ParseError(src.path, "unparseable", f"{type(exc).__name__}: {exc}") from exc
+    with reading_pictures(src.path, options) as pictures:
+        try:
+            elements = partition(file=io.BytesIO(data))
+        except ParseError:  # OCR of a picture failed
+            raise
+        except Exception as exc:
+            raise ParseError(src.path, "unparseable", f"{type(exc).__name__}: {exc}") from exc
     blocks = _blocks_from_elements(elements)
+    if not blocks and pictures.pictures:
+        raise ParseError(src.path, "no-text", _no_text_in_pictures(pictures))
     pages = [b.page for b in blocks if b.page is not None]
+    engine = pictures.record[0]["engine"].split(" ", 1) if pictures.record else None
     return ParsedDocument(src, blocks, parser="unstructured", parser_version=_version("unstructured"),
-                          media_type=media, page_count=max(pages) if pages else None)
+                          media_type=media, page_count=max(pages) if pages else None,
+                          ocr_engine=engine[0] if engine else None, ocr_engine_version=engine[1] if engine else None,
+                          metadata=pictures.metadata())
+
+
+def _no_text_in_pictures(p: PictureReading) -> str:
+    """Why a document of pictures alone has no text."""
+    why = [f"{n} {what}" for n, what in ((p.repeated, "repeated"), (p.undecodable, "in a format that cannot be "
+           "decoded (EMF/WMF?)"), (p.oversized, "over the pixel limit"), (p.too_small, "too small to hold text"))
+           if n]
+    if p.not_read:
+        off = p.options.ocr_engine == "none"
+        why.append(f"{p.not_read} not read: " + ("OCR is off (CORPUSYNC_OCR_ENGINE=none)" if off
+                                                 else f"past CORPUSYNC_OCR_MAX_PAGES={p.options.ocr_max_pages}"))
+    read = f"OCR found no text in the {len(p.record)} read" if p.record else "none was read"
+    return f"no text besides {p.pictures} picture(s); {read}" + (f" ({'; '.join(why)})" if why else "")
 
 
 def _never_narrative(text: str, *args: object, **kwargs: object) -> bool:
