@@ -29,6 +29,7 @@ class ParseOptions:
     pdf_tables: bool = False
     max_chars: int = 20_000_000  # most characters of text a document may yield (CORPUSYNC_PARSE_MAX_CHARS)
     markdown_parser: str = "direct"  # "direct" (markdown-it-py) or "unstructured" (CORPUSYNC_MARKDOWN_PARSER)
+    office_pictures: bool = True  # OCR the pictures of DOCX/PPTX (CORPUSYNC_OCR_OFFICE_PICTURES)
     ocr_cache_dir: str | None = None  # where OCR readings are kept (corpusync/adapters/ocr_cache.py); None: not
 
 

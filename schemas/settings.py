@@ -239,6 +239,12 @@ class Settings(BaseSettings):
         0.80, ge=0.0, le=1.0, description="Pages whose mean OCR confidence is below this are flagged."
     )
     ocr_max_pages: int = Field(500, ge=0, description="At most this many pages per document are OCRed.")
+    ocr_office_pictures: bool = Field(
+        True,
+        description="OCR the pictures of DOCX and PPTX files where they sit (a scan pasted into Word, a slide "
+        "that is a screenshot; a repeated picture once). Off: their pictures are counted, not read (a deck of "
+        "photos then costs no OCR).",
+    )
     ocr_cache: bool = Field(
         True,
         description="Keep each page's OCR reading under <home>/ocr-cache, keyed by the page image and the engine, "
@@ -463,6 +469,7 @@ class Settings(BaseSettings):
             ocr_min_confidence=self.ocr_min_confidence, ocr_max_pages=self.ocr_max_pages,
             pdf_tables=self.pdf_tables, max_chars=self.parse_max_chars, markdown_parser=self.markdown_parser,
             ocr_cache_dir=str(self.ocr_cache_dir) if self.ocr_cache else None,
+            office_pictures=self.ocr_office_pictures,
         )
 
     @property

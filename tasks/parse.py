@@ -72,7 +72,7 @@ def parser_fingerprint(options: ParseOptions | None = None) -> str:
     o = options or ParseOptions()
     return (f"parse={PARSE_LOGIC_VERSION};pymupdf={_version('PyMuPDF')};unstructured={_version('unstructured')};"
             f"rapidocr={_version('rapidocr')};ocr={o.ocr_engine}@{o.ocr_dpi};tables={o.pdf_tables};"
-            f"markdown={o.markdown_parser}@{_version('markdown-it-py')}")
+            f"markdown={o.markdown_parser}@{_version('markdown-it-py')};office_pictures={o.office_pictures}")
 
 
 Parser = Callable[[SourceFile, bytes, ParseOptions], ParsedDocument]

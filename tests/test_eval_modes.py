@@ -72,7 +72,7 @@ def test_evaluate_generation_modes_latency_and_rerank(tmp_path: Path, monkeypatc
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {"metrics": {}, "n": len(samples)})
     searcher = FakeSearcher()
     settings = _settings(tmp_path, reranker_path=tmp_path / "bge-reranker")
-    ev = ev_task.score_generation(settings, searcher, gs, 4, (docs, by_path))  # type: ignore[arg-type]
+    ev = ev_task.score_generation(settings, searcher, gs, 4, ev_task.GoldChunks(docs, by_path))  # type: ignore[arg-type]
 
     assert ev.modes == ["dense", "lexical", "hybrid", "hybrid+rerank"] and ev.notes == []
     # hybrid+rerank is hybrid search with rerank=True; the other modes never rerank
@@ -98,7 +98,7 @@ def test_evaluate_generation_modes_latency_and_rerank(tmp_path: Path, monkeypatc
 
 def test_without_reranker_the_mode_is_skipped_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gs = GoldSet(name="g", source="x", questions=[GoldQuestion(id="1", question="q", gold_documents=["a.md"])])
-    gold = ({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
+    gold = ev_task.GoldChunks({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {})
     searcher = FakeSearcher()
     ev = ev_task.score_generation(_settings(tmp_path), searcher, gs, 1, gold)  # type: ignore[arg-type]
@@ -112,7 +112,7 @@ def test_without_reranker_the_mode_is_skipped_with_a_note(tmp_path: Path, monkey
 
 def test_gate_notes_ignored_latency_thresholds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gs = GoldSet(name="g", source="x", questions=[GoldQuestion(id="1", question="q", gold_documents=["a.md"])])
-    gold = ({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
+    gold = ev_task.GoldChunks({"a.md": ["a.md"]}, {"a.md": [rel.ChunkRef(1, "a.md", "x")]})
     monkeypatch.setattr(ev_task, "ragas_scores", lambda samples, settings: {})
     settings = _settings(tmp_path, gate_floors={"latency_ms_p95": 50.0, "recall@5": 0.5},
                          gate_tolerances={"g:latency_ms_p50": 1.0})

@@ -99,6 +99,8 @@ def test_a_file_of_pictures_alone_says_why_it_has_no_text(tmp_path: Path, page_p
     assert off.value.reason == "no-text" and "scan.docx" in str(off.value)
     assert "no text besides 1 picture(s); none was read (1 not read: OCR is off (CORPUSYNC_OCR_ENGINE=none))" \
         in str(off.value)
+    with pytest.raises(ParseError, match=r"1 not read: OCR of pictures is off \(CORPUSYNC_OCR_OFFICE_PICTURES=false\)"):
+        parse_document(_source(path), ParseOptions(office_pictures=False))
     blank = _docx(tmp_path / "logo.docx", _logo())
     with pytest.raises(ParseError, match=r"OCR found no text in the 1 read"):
         parse_document(_source(blank), ParseOptions())

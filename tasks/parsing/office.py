@@ -65,9 +65,11 @@ def _no_text_in_pictures(p: PictureReading) -> str:
            "decoded (EMF/WMF?)"), (p.oversized, "over the pixel limit"), (p.too_small, "too small to hold text"))
            if n]
     if p.not_read:
-        off = p.options.ocr_engine == "none"
-        why.append(f"{p.not_read} not read: " + ("OCR is off (CORPUSYNC_OCR_ENGINE=none)" if off
-                                                 else f"past CORPUSYNC_OCR_MAX_PAGES={p.options.ocr_max_pages}"))
+        o = p.options
+        why.append(f"{p.not_read} not read: " + (
+            "OCR is off (CORPUSYNC_OCR_ENGINE=none)" if o.ocr_engine == "none"
+            else "OCR of pictures is off (CORPUSYNC_OCR_OFFICE_PICTURES=false)" if not o.office_pictures
+            else f"past CORPUSYNC_OCR_MAX_PAGES={o.ocr_max_pages}"))
     read = f"OCR found no text in the {len(p.record)} read" if p.record else "none was read"
     return f"no text besides {p.pictures} picture(s); {read}" + (f" ({'; '.join(why)})" if why else "")
 

@@ -44,7 +44,7 @@ class PictureReading:
     undecodable: int = 0
     oversized: int = 0
     too_small: int = 0
-    not_read: int = 0  # OCR off, or past ocr_max_pages
+    not_read: int = 0  # OCR off (or off for pictures), or past ocr_max_pages
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -171,6 +171,9 @@ def _read(reading: PictureReading, blob: bytes, page: int | None) -> list[str]:
         return []
     reading.seen.add(sha)
     options = reading.options
+    if options.ocr_engine == "none" or not options.office_pictures or len(reading.record) >= options.ocr_max_pages:
+        reading.not_read += 1
+        return []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # checked below
@@ -181,9 +184,6 @@ def _read(reading: PictureReading, blob: bytes, page: int | None) -> list[str]:
                 return []
             if min(w, h) < MIN_SIDE:
                 reading.too_small += 1
-                return []
-            if options.ocr_engine == "none" or len(reading.record) >= options.ocr_max_pages:
-                reading.not_read += 1
                 return []
             rgb = np.ascontiguousarray(np.asarray(img.convert("RGB")))
     except Image.DecompressionBombError:
