@@ -103,12 +103,12 @@ def follow_renames(docs: Mapping[str, list[str]], renames: Sequence[tuple[str, s
     for ref, starts in resolve_documents(missing, by_old).items():
         reached: set[str] = set()
         todo = [(path, -1) for path in starts]
-        seen: set[tuple[str, int]] = set()
+        taken: set[int] = set()  # the renames followed (by their index)
         while todo:
             path, after = todo.pop()
             for i, new in by_old.get(path, ()):
-                if i > after and (new, i) not in seen:
-                    seen.add((new, i))
+                if i > after and i not in taken:
+                    taken.add(i)
                     reached.add(new)
                     todo.append((new, i))
         found = sorted(reached.intersection(present))

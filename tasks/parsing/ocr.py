@@ -75,6 +75,14 @@ def _ocr_paragraphs(image: object, page_no: int | None, options: ParseOptions, r
     return out
 
 
+def recorded_engine(record: list[dict]) -> tuple[str | None, str | None]:
+    """The OCR engine's name and version that read a document's pages, from their records (None: none read)."""
+    if not record:
+        return None, None
+    name, version = record[0]["engine"].split(" ", 1)
+    return name, version
+
+
 def _ocr_blocks(image: object, page_no: int | None, options: ParseOptions, reason: str,
                 record: list[dict]) -> list[Block]:
     return [Block("ocr", t, page_no) for t in (clean_text(p) for p, _ in
@@ -114,12 +122,13 @@ def _parse_image(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedD
         raise ParseError(src.path, "corrupt", f"not a readable image: {exc}") from exc
     if not blocks:
         raise ParseError(src.path, "no-text", "OCR found no text in the image")
-    engine = record[0]["engine"].split(" ", 1)
+    engine, version = recorded_engine(record)
+    assert version is not None  # blocks were read, so pages were recorded
     total = max(getattr(img, "n_frames", frames), frames)  # frames past ocr_max_pages: counted and recorded
     metadata: dict = {"ocr_pages": record, "low_confidence_pages": [r["page"] for r in record if r["low_confidence"]]}
     if total > frames:
         metadata["ocr_skipped_pages"] = list(range(frames + 1, total + 1))
     return ParsedDocument(
-        src, blocks, parser="ocr", parser_version=engine[1], media_type=Image.MIME.get(img.format or "", "image"),
-        page_count=total, ocr_engine=engine[0], ocr_engine_version=engine[1], metadata=metadata,
+        src, blocks, parser="ocr", parser_version=version, media_type=Image.MIME.get(img.format or "", "image"),
+        page_count=total, ocr_engine=engine, ocr_engine_version=version, metadata=metadata,
     )

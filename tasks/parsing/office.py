@@ -12,6 +12,7 @@ from schemas.records import ParsedDocument, ParseOptions, SourceFile
 from tasks.parsing.common import _version
 from tasks.parsing.limits import check_container
 from tasks.parsing.markup import _blocks_from_elements, _unstructured_ready
+from tasks.parsing.ocr import recorded_engine
 from tasks.parsing.office_pictures import PictureReading, reading_pictures
 
 _OFFICE = {".docx": ("docx", "partition_docx",
@@ -52,11 +53,10 @@ def _parse_office(src: SourceFile, data: bytes, options: ParseOptions) -> Parsed
     if not blocks and pictures.pictures:
         raise ParseError(src.path, "no-text", _no_text_in_pictures(pictures))
     pages = [b.page for b in blocks if b.page is not None]
-    engine = pictures.record[0]["engine"].split(" ", 1) if pictures.record else None
+    engine, version = recorded_engine(pictures.record)
     return ParsedDocument(src, blocks, parser="unstructured", parser_version=_version("unstructured"),
                           media_type=media, page_count=max(pages) if pages else None,
-                          ocr_engine=engine[0] if engine else None, ocr_engine_version=engine[1] if engine else None,
-                          metadata=pictures.metadata())
+                          ocr_engine=engine, ocr_engine_version=version, metadata=pictures.metadata())
 
 
 def _no_text_in_pictures(p: PictureReading) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -97,29 +97,25 @@ def _register() -> None:
 
     ocr_text = _ocr_text_class()
 
+    def elements(blobs: Iterable[bytes], page: int | None, metadata: Callable[[], Any]) -> Iterator[Any]:
+        """OcrText elements of the pictures, inside a corpusync parse only (the blobs are not even looked for
+        outside one)."""
+        reading = _current.get()
+        if reading is not None:
+            for blob in blobs:
+                for text in _read(reading, blob, page):
+                    yield ocr_text(text, metadata=metadata())
+
     class DocxPictures:
         @classmethod
         def iter_elements(cls, paragraph: Any, opts: Any) -> Iterator[Any]:
-            reading = _current.get()
-            if reading is None:
-                return
             page = opts.metadata_page_number
-            for blob in _docx_blobs(paragraph):
-                for text in _read(reading, blob, page):
-                    yield ocr_text(text, metadata=ElementMetadata(page_number=page))
+            return elements(_docx_blobs(paragraph), page, lambda: ElementMetadata(page_number=page))
 
     class PptxPictures:
         @classmethod
         def iter_elements(cls, picture: Any, opts: Any) -> Iterator[Any]:
-            reading = _current.get()
-            if reading is None:
-                return
-            try:
-                blob = picture.image.blob
-            except (ValueError, KeyError, AttributeError):  # a linked (not embedded) picture
-                return
-            for text in _read(reading, blob, opts.page_number):
-                yield ocr_text(text, metadata=opts.text_metadata())
+            return elements(_pptx_blobs(picture), opts.page_number, opts.text_metadata)
 
     docx.register_picture_partitioner(DocxPictures)
     pptx.register_picture_partitioner(PptxPictures)
@@ -154,6 +150,15 @@ def _docx_blobs(paragraph: Any) -> Iterator[bytes]:
         blob = getattr(part, "blob", None)
         if blob:
             yield blob
+
+
+def _pptx_blobs(picture: Any) -> Iterator[bytes]:
+    """The image of a picture shape, unless it is linked rather than embedded."""
+    try:
+        blob = picture.image.blob
+    except (ValueError, KeyError, AttributeError):
+        return
+    yield blob
 
 
 def _read(reading: PictureReading, blob: bytes, page: int | None) -> list[str]:

@@ -401,10 +401,10 @@ def _parse_pdf(src: SourceFile, data: bytes, options: ParseOptions) -> ParsedDoc
                                             if p["low_confidence"] and not p.get("kept_text_layer")]
     if skipped_ocr:
         metadata["ocr_skipped_pages"] = skipped_ocr
-    engine = ocr_pages[0]["engine"].split(" ", 1) if ocr_pages else None
+    engine, version = ocr.recorded_engine(ocr_pages)
     return ParsedDocument(
         src, blocks, parser="pymupdf", parser_version=_version("PyMuPDF"),
         media_type="application/pdf", page_count=page_count,
-        ocr_engine=engine[0] if engine else None, ocr_engine_version=engine[1] if engine else None,
-        metadata=metadata, cleaning={"removed_running_lines": removed} if removed else {},
+        ocr_engine=engine, ocr_engine_version=version, metadata=metadata,
+        cleaning={"removed_running_lines": removed} if removed else {},
     )
