@@ -217,7 +217,8 @@ class Settings(BaseSettings):
         description="A file quarantined for a cause that can pass (timeout, crashed, out-of-memory, ocr-error, "
         "database-error, unreadable: tasks/diff.py TEMPORARY_REASONS) is parsed again by the first refresh this "
         "many seconds after it failed, the wait doubling with every further identical failure (0: every "
-        "refresh). Other causes wait until the file's content or the pipeline changes.",
+        "refresh); one that changed while the refresh read it (changed-during-run), by the next refresh. Other "
+        "causes wait until the file's content or the pipeline changes.",
     )
     quarantine_retry_max_s: float = Field(
         86400.0, ge=0.0, description="The longest wait, in seconds, between two retries of a quarantined file."

@@ -29,11 +29,17 @@ TEMPORARY_REASONS: frozenset[str] = frozenset({
     "ocr-error",       # the OCR engine failed (a model that did not load, a GPU that was busy)
     "database-error",  # the database failed while the file was being handled
     "unreadable",      # discover hashed the file, then it could not be read (moved, locked, a share that dropped)
+    "changed-during-run",  # discover hashed the file, then it was written before the parse read it
 })
 """Reason codes of causes that can pass: such a file is parsed again after a back-off. Every other code is
 permanent (too-large/oversized, corrupt, encrypted, unsupported(-format), empty, no-text, data-quality,
 outside-source, bad-file-name, path-too-long, bad-metadata, parser-error, ...): the file is skipped until its
 content or the pipeline changes. A new reason code for a transient cause must be added here."""
+
+RETRY_AT_ONCE: frozenset[str] = frozenset({"changed-during-run"})
+"""Temporary causes that say nothing about the file, only about when it was read: due again at the next run,
+without a back-off (the same bytes again, e.g. a file saved twice, are parsed; other bytes are a new version
+anyway)."""
 
 REREAD_STAGES: frozenset[str] = frozenset({"discover"})
 """Stages that meet every file again on every run (they decide before the diff can skip anything): their
@@ -89,6 +95,8 @@ class RetryPolicy:
             return None
         if self.max_attempts and state.attempts >= self.max_attempts:
             return None
+        if state.reason in RETRY_AT_ONCE:
+            return last
         return last + timedelta(seconds=self.delay_s(state.attempts))
 
 

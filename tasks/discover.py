@@ -76,6 +76,12 @@ def _bad_name(rel: str) -> QuarantineRecord | None:
     return None
 
 
+def document_sha256(file_sha256: str, meta_json: str = "") -> str:
+    """A document's content hash: its file's sha256, combined with its sidecar's canonical JSON when it has one
+    (new metadata is a new version). The parse checks the bytes it reads against it (tasks/parsing/limits.py)."""
+    return hashlib.sha256(f"{file_sha256}:{meta_json}".encode()).hexdigest() if meta_json else file_sha256
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -150,15 +156,13 @@ def discover(
                 reason = str(exc) if isinstance(exc, ValueError) else "nested too deeply to read"
                 problems.append(QuarantineRecord(rel, "discover", "bad-metadata", f"{name}{SIDECAR}: {reason}"))
                 continue
-            if meta:
-                digest = hashlib.sha256(f"{digest}:{meta}".encode()).hexdigest()
             files.append(
                 SourceFile(
                     path=rel,
                     abs_path=abs_path,
                     size=st.st_size,
                     mtime=datetime.fromtimestamp(st.st_mtime, tz=UTC),
-                    sha256=digest,
+                    sha256=document_sha256(digest, meta),
                     meta_json=meta,
                 )
             )

@@ -22,6 +22,7 @@ import pytest
 from corpusync.adapters import ocr
 from corpusync.core.errors import ParseError
 from schemas.records import SourceFile
+from tasks.discover import document_sha256
 from tasks.parse import ParseOptions, html_table_to_markdown, parse_document
 from tasks.parse_worker import ParseWorker
 from tasks.parsing import ocr as parse_ocr
@@ -30,7 +31,8 @@ from tests.faults import SetrlimitRefused
 
 def source(path: Path, meta_json: str = "") -> SourceFile:
     data = path.read_bytes()
-    return SourceFile(path.name, path, len(data), datetime.now(UTC), hashlib.sha256(data).hexdigest(), meta_json)
+    return SourceFile(path.name, path, len(data), datetime.now(UTC),
+                      document_sha256(hashlib.sha256(data).hexdigest(), meta_json), meta_json)
 
 
 def reason_of(src: SourceFile, options: ParseOptions | None = None) -> ParseError:

@@ -112,6 +112,56 @@ def test_temporary_causes_are_retried_after_back_off_and_permanent_ones_wait(
 
 @pytest.mark.flow
 @pytest.mark.db
+def test_a_file_written_during_the_refresh_keeps_its_live_version_and_is_read_again_by_the_next(
+        prefect_harness: None, settings: Any, corpus: Path, conn: psycopg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks import parse as parse_stage
+    from tests.faults import rewriting_parser
+
+    path = "notes/rewritten.txt"
+    (corpus / "notes").mkdir()
+    (corpus / path).write_text("Harbour dues of Rouen\n\nThe harbour of Rouen charged dues on wine in 1150.\n")
+    assert run(settings, corpus)["published"]
+
+    def live() -> tuple[str, str]:
+        row = conn.execute("SELECT string_agg(text, ' '), min(content_sha256) FROM corpusync.live_chunks "
+                           "WHERE source_path = %s", (path,)).fetchone()
+        assert row is not None
+        return row[0] or "", row[1] or ""
+
+    first_text, first_sha = live()
+    assert "wine" in first_text
+    saved = "Harbour dues of Rouen\n\nThe harbour of Rouen charged dues on salt in 1180.\n"
+    (corpus / path).write_text(saved)
+    real_parse = parse_stage.parse_document
+    monkeypatch.setattr(parse_stage, "parse_document", rewriting_parser)  # saved again once discover hashed it
+    second = run(settings, corpus)
+    q = by_path(second)[path]
+    assert (q["stage"], q["reason"], q["status"]) == ("parse", "changed-during-run", "quarantined")
+    assert "changed after this refresh hashed it" in q["error"] and "bytes then" in q["error"], q["error"]
+    assert hours_until(q["retry_at"]) <= 0  # due again at once: no back-off
+    assert live() == (first_text, first_sha)  # neither the bytes hashed nor the bytes saved: the live version
+
+    # the same bytes as discover hashed in that run (saved twice with one content): read by the next run anyway
+    (corpus / path).write_text(saved)
+    monkeypatch.setattr(parse_stage, "parse_document", real_parse)
+    third = run(settings, corpus)
+    assert third["published"] and path not in by_path(third), third["quarantined"]
+    text, sha = live()
+    assert "salt" in text and "wine" not in text and sha == q_sha(conn, path)
+    closed = conn.execute("SELECT resolution FROM corpusync.quarantine WHERE path = %s", (path,)).fetchall()
+    assert closed == [("indexed",)]
+
+
+def q_sha(conn: psycopg.Connection, path: str) -> str:
+    """The content hash the quarantine recorded for the path (the bytes discover hashed)."""
+    row = conn.execute("SELECT content_sha256 FROM corpusync.quarantine WHERE path = %s", (path,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@pytest.mark.flow
+@pytest.mark.db
 def test_file_rejected_at_discover_keeps_one_row_and_is_reported_every_run(
         prefect_harness: None, settings: Any, corpus: Path, conn: psycopg.Connection) -> None:
     (corpus / "environ.txt").symlink_to("/proc/self/environ")
@@ -162,6 +212,8 @@ def test_back_off_doubles_up_to_the_cap_and_stops_after_max_attempts() -> None:
                       "outside-source", "bad-file-name", "path-too-long", "bad-metadata"):
         assert permanent not in TEMPORARY_REASONS and policy.retry_at(_state(permanent)) is None
     assert {"timeout", "crashed", "out-of-memory", "ocr-error", "database-error"} <= TEMPORARY_REASONS
+    # a file written while it was read: due again at once, as long as attempts are left
+    assert [policy.retry_at(_state("changed-during-run", n)) for n in (1, 7, 8)] == [T0, T0, None]
     assert policy.retry_at(_state("unreadable", stage="discover")) is None  # discover re-checks every run
 
 

@@ -13,7 +13,7 @@ import pytest
 from corpusync.core.errors import MassDeleteRefused, ParseError
 from schemas.records import Block, DiffPlan, LiveVersion, ParsedDocument, SourceFile
 from tasks.chunk import ChunkConfig, chunk_document, sentence_spans
-from tasks.diff import QuarantineState, diff
+from tasks.diff import QuarantineState, diff, is_temporary
 from tasks.discover import discover
 from tasks.embed import token_budget_batches
 from tasks.parse import ParseOptions, clean_text, detect_script, parse_document
@@ -176,6 +176,27 @@ def test_parse_encrypted_and_oversized_pdf(tmp_path: Path) -> None:
     with pytest.raises(ParseError) as info:
         parse_document(src, ParseOptions(max_bytes=10))
     assert info.value.reason == "oversized"
+
+
+def test_parse_refuses_bytes_other_than_those_discover_hashed(tmp_path: Path) -> None:
+    """The file was written between discover and the parse: its version would record one content and index
+    another, so the parse refuses it with a reason that can pass (tasks/diff.py: due again at the next run)."""
+    (tmp_path / "notes.md").write_text("# Tolls\n\nThe bridge of Caen charged a toll on salt.\n")
+    (tmp_path / "notes.md.meta.json").write_text('{"department": "archive"}')
+    files, _ = discover(tmp_path)
+    assert parse_document(files[0], ParseOptions()).blocks  # a sidecar's hash is part of the content hash
+    grown, same_size = ("# Tolls\n\nThe bridge of Caen charged a toll on salt and wine.\n",
+                        "# Tolls\n\nThe bridge of Caen charged a toll on wine.\n")
+    for content, how in ((grown, "bytes then"), (same_size, "other bytes of the same size")):
+        (tmp_path / "notes.md").write_text(content)
+        with pytest.raises(ParseError) as info:
+            parse_document(files[0], ParseOptions())
+        assert info.value.reason == "changed-during-run" and how in info.value.detail, info.value.detail
+        assert is_temporary(info.value.reason)
+    (tmp_path / "notes.md").write_text(grown + "x" * 100)  # grown past the limit: not read whole
+    with pytest.raises(ParseError) as info:
+        parse_document(files[0], ParseOptions(max_bytes=files[0].size + 10))
+    assert info.value.reason == "changed-during-run" and f"{files[0].size + 10 + 1:,}+ now" in info.value.detail
 
 
 def test_parse_text_pdf_keeps_pages(tmp_path: Path) -> None:

@@ -1,13 +1,16 @@
 """Hostile-input guards: bytes on disk, characters of text, inflated Office parts, pixels of a page to OCR.
-Each refuses with an 'oversized' (or 'empty' / 'unreadable') ParseError naming the file and the bound."""
+Each refuses with an 'oversized' (or 'empty' / 'unreadable') ParseError naming the file and the bound; a file
+that changed since discover hashed it is refused as 'changed-during-run'."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
 from corpusync.core.errors import ParseError
 from schemas.records import ParsedDocument, SourceFile
+from tasks.discover import document_sha256
 
 # Hostile-input bounds. Pixels: PIL's own decompression-bomb threshold (~0.25 GiB as RGB), for images and for
 # PDF pages rendered for OCR (A0 at 200 dpi is 62 M pixels). Office containers: a part may inflate at most
@@ -20,14 +23,26 @@ ZIP_MAX_BYTES = 1024 * 1024 * 1024
 
 
 def _read_bytes(src: SourceFile, max_bytes: int) -> bytes:
+    """The file's bytes, checked against the hash discover took: a file written while the refresh runs (a
+    save, a sync, a copy still in progress) is not parsed from other bytes than its version records, nor
+    quarantined for a state it was only passing through ('changed-during-run': tried again by the next
+    refresh, the live version meanwhile kept)."""
     if src.size == 0:
         raise ParseError(src.path, "empty", "the file is 0 bytes")
     if src.size > max_bytes:
         raise ParseError(src.path, "oversized", f"{src.size} bytes exceeds the limit of {max_bytes}")
     try:
-        return src.abs_path.read_bytes()
+        with src.abs_path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)  # a file that grew past the limit is not read whole
     except OSError as exc:
         raise ParseError(src.path, "unreadable", str(exc)) from exc
+    if len(data) != src.size or document_sha256(hashlib.sha256(data).hexdigest(), src.meta_json) != src.sha256:
+        how = (f"{src.size:,} bytes then, {len(data):,}{'+' if len(data) > max_bytes else ''} now"
+               if len(data) != src.size else "other bytes of the same size")
+        raise ParseError(src.path, "changed-during-run",
+                         f"the file changed after this refresh hashed it ({how}; is it being written?): not "
+                         "indexed from other bytes than its version records; the next refresh reads it again")
+    return data
 
 
 def too_long(path: str, chars: int, max_chars: int, where: str = "") -> ParseError:
