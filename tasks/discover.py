@@ -82,12 +82,16 @@ def document_sha256(file_sha256: str, meta_json: str = "") -> str:
     return hashlib.sha256(f"{file_sha256}:{meta_json}".encode()).hexdigest() if meta_json else file_sha256
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> tuple[str, int]:
+    """The file's sha256 and the number of bytes it was taken over: the size recorded with the hash, not the
+    one a stat saw before a writer appended (the parse compares both with what it reads)."""
     h = hashlib.sha256()
+    size = 0
     with path.open("rb") as fh:
         while block := fh.read(_HASH_BLOCK):
             h.update(block)
-    return h.hexdigest()
+            size += len(block)
+    return h.hexdigest(), size
 
 
 def _matches(rel: str, patterns: Iterable[str]) -> bool:
@@ -147,7 +151,7 @@ def discover(
                 st = abs_path.stat()
                 if not abs_path.is_file():
                     continue
-                digest = sha256_file(abs_path)
+                digest, size = sha256_file(abs_path)
                 meta = _sidecar(abs_path) if name + SIDECAR in names else ""
             except OSError as exc:
                 problems.append(QuarantineRecord(rel, "discover", "unreadable", f"{type(exc).__name__}: {exc}"))
@@ -160,7 +164,7 @@ def discover(
                 SourceFile(
                     path=rel,
                     abs_path=abs_path,
-                    size=st.st_size,
+                    size=size,
                     mtime=datetime.fromtimestamp(st.st_mtime, tz=UTC),
                     sha256=document_sha256(digest, meta),
                     meta_json=meta,
