@@ -255,7 +255,8 @@ class RunSummary(BaseModel):
     renamed: list[dict[str, str]] = Field(default_factory=list)
     quarantine_closed: list[dict[str, str]] = Field(
         default_factory=list, description="Quarantined paths whose failure this run found gone, each with why: gone "
-        "(the file left the source) or live-content (the file is back to its live version's content).")
+        "(the file left the source), live-content (the file is back to its live version's content) or indexed (a "
+        "version of the path went live in this run's publish).")
     timings: dict[str, float] = Field(
         default_factory=dict, description="Seconds per stage, summed over its batches. Stages overlap (one batch "
         "is embedded while the next is parsed) and batches parse side by side: they do not add up to elapsed_s.")

@@ -147,6 +147,7 @@ def test_a_file_written_during_the_refresh_keeps_its_live_version_and_is_read_ag
     monkeypatch.setattr(parse_stage, "parse_document", real_parse)
     third = run(settings, corpus)
     assert third["published"] and path not in by_path(third), third["quarantined"]
+    assert third["quarantine_closed"] == [{"path": path, "resolution": "indexed"}]  # closed in the publish
     text, sha = live()
     assert "salt" in text and "wine" not in text and sha == q_sha(conn, path)
     closed = conn.execute("SELECT resolution FROM corpusync.quarantine WHERE path = %s", (path,)).fetchall()

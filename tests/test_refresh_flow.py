@@ -180,7 +180,7 @@ def test_a_quarantine_closes_once_it_no_longer_describes_the_file(prefect_harnes
     (corpus / "note.txt").write_text("A note, written at last.")
     summary = run(settings, corpus)
     assert {(q["path"], q["status"]) for q in summary["quarantined"]} == {("paper.pdf", "quarantined")}
-    assert summary["published"]
+    assert summary["published"] and summary["quarantine_closed"] == [{"path": "note.txt", "resolution": "indexed"}]
     assert closed(conn) == {"paper.pdf": ("live (newer content quarantined)", None),
                             "empty.txt": ("not live", "gone"), "note.txt": ("live", "indexed")}
     assert conn.execute("SELECT count(*) FROM corpusync.quarantine WHERE path = 'paper.pdf'").fetchone() == (2,)

@@ -293,7 +293,11 @@ def step_publish(ctx: RefreshContext, generation: int | None) -> None:
         return
     assert ctx.model_id is not None
     with ctx.timed("publish"):
-        generations.publish(ctx.conn, generation, ctx.base_generation, ctx.model_id)
+        indexed = generations.publish(ctx.conn, generation, ctx.base_generation, ctx.model_id)
+    if indexed:  # after the diff's closures (gone, live-content): a path's failure closed by its new version
+        ctx.summary.quarantine_closed = sorted(
+            [*ctx.summary.quarantine_closed, *({"path": p, "resolution": "indexed"} for p in indexed)],
+            key=lambda q: q["path"])
     ctx.summary.status = "published"
     ctx.summary.published = True
     ctx.summary.generation = generation

@@ -141,7 +141,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         typer.secho(f"  quarantined {q['path']} ({q['stage']}: {q['reason']}): {q['error']}",
                     fg=typer.colors.YELLOW)
     for q in s.get("quarantine_closed", []):
-        why = {"gone": "the file left the source", "live-content": "the file is back to its live content"}
+        why = {"gone": "the file left the source", "live-content": "the file is back to its live content",
+               "indexed": "a version of it went live"}
         typer.echo(f"  quarantine closed for {q['path']}: {why.get(q['resolution'], q['resolution'])}")
     if f := s.get("fusion"):
         best = f["best"]

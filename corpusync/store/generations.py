@@ -60,9 +60,9 @@ def create_candidate(conn: psycopg.Connection, run_id: int, model_id: int) -> in
     return generation
 
 
-def publish(conn: psycopg.Connection, generation: int, base_generation: int, model_id: int) -> None:
-    """Make `generation` the live one, and close the quarantine records of the paths it indexes anew. One
-    transaction; fails if someone else moved the pointer."""
+def publish(conn: psycopg.Connection, generation: int, base_generation: int, model_id: int) -> list[str]:
+    """Make `generation` the live one, and close the quarantine records of the paths it indexes anew (returned,
+    sorted). One transaction; fails if someone else moved the pointer."""
     with conn.transaction():
         state = db.fetch_one(conn, "index_state_for_update")
         assert state is not None
@@ -75,7 +75,8 @@ def publish(conn: psycopg.Connection, generation: int, base_generation: int, mod
         db.execute(conn, "set_generation_status", {"generation": generation, "status": "published"})
         db.execute(conn, "publish_generation", {"generation": generation, "model_id": model_id})
         db.execute(conn, "record_generation_size", {"generation": generation})
-        db.execute(conn, "close_indexed_quarantine", {"generation": generation})
+        closed = db.fetch_all(conn, "close_indexed_quarantine", {"generation": generation})
+    return sorted({row["path"] for row in closed})
 
 
 def mark_generation(conn: psycopg.Connection, generation: int, status: str) -> None:
